@@ -1,0 +1,30 @@
+# Two entry points (README quick start): `make demo` and `make test`.
+# Both create or reuse .venv; it is rebuilt only when pyproject.toml changes.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+INPUTS_HASH := $(shell cat pyproject.toml scripts/install-env.sh | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(INPUTS_HASH)
+
+.PHONY: demo test lint env clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install-env.sh
+	bash scripts/install-env.sh $(VENV) $(PY)
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/capture-proxy demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(VENV)/bin/python -m pytest -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) demo-out

