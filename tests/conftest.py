@@ -1,0 +1,6 @@
+"""Shared fixtures live in tests/fixtures/ as plugins, one module per real service."""
+
+pytest_plugins = [
+    "tests.fixtures.engine",
+    "tests.fixtures.db",
+]
