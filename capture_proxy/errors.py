@@ -7,7 +7,7 @@
     │   ├── BadRequest            400 malformed body, unknown field values
     │   ├── Unauthorized          401 missing or wrong API key
     │   ├── NotFound              404 unknown episode / call
-    │   └── Conflict              409 episode not open, duplicate id, reward mismatch, outstanding calls
+    │   └── Conflict              409 not open, duplicate id, reward mismatch, calls outstanding
     ├── UpstreamError                 the engine failed → its own status (or 502) with an error body
     │   └── UpstreamTimeout       504
     ├── StoreError                    the transactional store failed → 500

@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.engine",
     "tests.fixtures.db",
+    "tests.fixtures.proxy",
 ]

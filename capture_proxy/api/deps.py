@@ -1,0 +1,29 @@
+"""Dependency aliases for thin route handlers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from capture_proxy.proxy import CaptureService
+from capture_proxy.store.repository import Store
+
+
+def _service(request: Request) -> CaptureService:
+    service: CaptureService = request.app.state.service
+    return service
+
+
+def _store(request: Request) -> Store:
+    return _service(request).store
+
+
+def base_url_for(request: Request, episode_id: str) -> str:
+    public = request.app.state.service.settings.public_url
+    root = public.rstrip("/") if public else str(request.base_url).rstrip("/")
+    return f"{root}/episodes/{episode_id}/v1"
+
+
+ServiceDep = Annotated[CaptureService, Depends(_service)]
+StoreDep = Annotated[Store, Depends(_store)]

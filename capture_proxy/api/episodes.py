@@ -1,0 +1,58 @@
+"""Episode REST API: create, inspect, acknowledge calls, close, bundle."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+
+from capture_proxy.api.deps import ServiceDep, StoreDep, base_url_for
+from capture_proxy.api.schemas import CallOut, CloseEpisode, CreateEpisode, EpisodeOut, MarkCall
+from capture_proxy.closing import close_episode
+
+router = APIRouter(prefix="/episodes", tags=["episodes"])
+
+
+@router.post("", status_code=201)
+async def create_episode(body: CreateEpisode, store: StoreDep, request: Request) -> EpisodeOut:
+    info = await store.create_episode(body.group_id, body.episode_id, body.metadata)
+    return EpisodeOut.of(info, base_url_for(request, info.episode_id))
+
+
+@router.get("")
+async def list_episodes(
+    store: StoreDep,
+    request: Request,
+    status: Literal["open", "closing", "closed"] | None = None,
+    group_id: str | None = None,
+) -> list[EpisodeOut]:
+    infos = await store.list_episodes(status=status, group_id=group_id)
+    return [EpisodeOut.of(i, base_url_for(request, i.episode_id)) for i in infos]
+
+
+@router.get("/{episode_id}")
+async def get_episode(episode_id: str, store: StoreDep, request: Request) -> EpisodeOut:
+    return EpisodeOut.of(await store.get_episode(episode_id), base_url_for(request, episode_id))
+
+
+@router.get("/{episode_id}/calls")
+async def list_calls(episode_id: str, store: StoreDep) -> list[CallOut]:
+    return [CallOut.of(c) for c in await store.list_calls(episode_id)]
+
+
+@router.get("/{episode_id}/bundle")
+async def get_bundle(episode_id: str, store: StoreDep) -> dict[str, Any]:
+    return await store.bundle(episode_id)
+
+
+@router.patch("/{episode_id}/calls/{call_id}")
+async def mark_call(episode_id: str, call_id: str, body: MarkCall, store: StoreDep) -> CallOut:
+    return CallOut.of(await store.mark_call(episode_id, call_id, body.mark, body.role))
+
+
+@router.post("/{episode_id}/close")
+async def close(
+    episode_id: str, body: CloseEpisode, service: ServiceDep, request: Request
+) -> EpisodeOut:
+    info = await close_episode(service, episode_id, body)
+    return EpisodeOut.of(info, base_url_for(request, episode_id))

@@ -1,0 +1,103 @@
+"""Wire schemas of the episode REST API (separate from the table models)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capture_proxy.settings import Role
+from capture_proxy.store.records import CallInfo, EpisodeInfo
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateEpisode(_Strict):
+    group_id: str = Field(min_length=1, max_length=200)
+    episode_id: str | None = Field(
+        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$"
+    )
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MarkCall(_Strict):
+    mark: Literal["discarded", "accepted"] | None = Field(
+        description="The harness's acknowledgement of the call (DESIGN §5 rule 3)."
+    )
+    role: Role | None = None
+
+
+class CloseEpisode(_Strict):
+    reward: float = Field(allow_inf_nan=False)
+    wait_s: float = Field(
+        0.0, ge=0.0, le=3600.0, description="How long to wait for in-flight calls."
+    )
+    cancel_outstanding: bool = Field(
+        False, description="Cancel calls still in flight after wait_s instead of answering 409."
+    )
+    discarded_calls: list[str] = Field(default_factory=list)
+    accepted_calls: list[str] = Field(default_factory=list)
+
+
+class CallCounts(BaseModel):
+    admitted: int
+    completed: int
+    failed: int
+    cancelled: int
+    in_flight: int
+
+
+class EpisodeOut(BaseModel):
+    episode_id: str
+    group_id: str
+    status: Literal["open", "closing", "closed"]
+    reward: float | None
+    metadata: dict[str, Any]
+    exported: bool
+    base_url: str
+    calls: CallCounts
+
+    @classmethod
+    def of(cls, info: EpisodeInfo, base_url: str) -> EpisodeOut:
+        return cls(
+            episode_id=info.episode_id,
+            group_id=info.group_id,
+            status=info.status,
+            reward=info.reward,
+            metadata=info.metadata,
+            exported=info.exported,
+            base_url=base_url,
+            calls=CallCounts(
+                admitted=info.calls.admitted,
+                completed=info.calls.completed,
+                failed=info.calls.failed,
+                cancelled=info.calls.cancelled,
+                in_flight=info.calls.in_flight,
+            ),
+        )
+
+
+class CallOut(BaseModel):
+    call_id: str
+    request_id: str
+    choice_index: int
+    endpoint: str
+    stream: bool
+    agent_id: str | None
+    parent_agent_id: str | None
+    role: str
+    status: str
+    mark: str | None
+    admitted_seq: int
+    completed_seq: int | None
+    finish_reason: str | None
+    error: str | None
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def of(cls, info: CallInfo) -> CallOut:
+        return cls(**{name: getattr(info, name) for name in cls.model_fields})

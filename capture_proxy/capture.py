@@ -1,0 +1,187 @@
+"""What the proxy asks the engine for, what it keeps, and what the harness gets back.
+
+Pure functions over JSON dicts (no I/O): upstream body preparation (DESIGN §3), extraction of
+exact prompt ids / sampled ids / logprobs from vLLM answers (whole or streamed), and removal of
+the fields the harness did not ask for.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from capture_proxy.errors import BadRequest, UpstreamError
+from capture_proxy.settings import UpstreamSettings
+from capture_proxy.store.records import Generation
+
+Endpoint = Literal["chat", "completions"]
+MAX_N = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ClientWants:
+    """Which capture fields the harness itself asked for (those are left in its answer)."""
+
+    logprobs: bool
+    token_ids: bool
+
+
+def request_n(body: dict[str, Any]) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise BadRequest(f"`n` must be an integer between 1 and {MAX_N}", param="n")
+    return n
+
+
+def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("`messages` must be a non-empty list", param="messages")
+        if not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("every message must be an object", param="messages")
+    elif "prompt" not in body:
+        raise BadRequest("`prompt` is required", param="prompt")
+    if "stream" in body and not isinstance(body["stream"], bool | None):
+        raise BadRequest("`stream` must be a boolean", param="stream")
+    request_n(body)
+
+
+def prepare_upstream_body(
+    endpoint: Endpoint, body: dict[str, Any], settings: UpstreamSettings
+) -> tuple[dict[str, Any], ClientWants]:
+    """The body sent to the engine: token ids and logprobs requested, overrides applied."""
+    upstream = copy.deepcopy(body)
+    wants = ClientWants(
+        logprobs=bool(body.get("logprobs")),
+        token_ids=bool(body.get("return_token_ids")),
+    )
+    upstream["return_token_ids"] = True
+    if endpoint == "chat":
+        upstream["logprobs"] = True
+    else:
+        current = body.get("logprobs")
+        upstream["logprobs"] = max(int(current), 1) if isinstance(current, int) else 1
+    upstream.update(copy.deepcopy(settings.overrides))
+    if settings.served_model is not None:
+        upstream["model"] = settings.served_model
+    return upstream, wants
+
+
+# -- extraction -----------------------------------------------------------------------------
+
+
+def _choice_logprobs(endpoint: Endpoint, choice: dict[str, Any]) -> list[float]:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return []
+    if endpoint == "chat":
+        return [float(item["logprob"]) for item in logprobs.get("content") or []]
+    return [float(v) if v is not None else 0.0 for v in logprobs.get("token_logprobs") or []]
+
+
+def _check(call: str, gen: Generation) -> Generation:
+    if not gen.prompt_token_ids:
+        raise UpstreamError(f"{call}: the engine returned no prompt_token_ids")
+    if len(gen.completion_token_ids) != len(gen.completion_logprobs):
+        raise UpstreamError(
+            f"{call}: {len(gen.completion_token_ids)} token ids but "
+            f"{len(gen.completion_logprobs)} logprobs from the engine"
+        )
+    return gen
+
+
+def generations_from_response(
+    endpoint: Endpoint, payload: dict[str, Any], n: int
+) -> list[Generation]:
+    """One Generation per choice of a whole (non-streamed) answer, ordered by choice index."""
+    choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != n:
+        raise UpstreamError(f"expected {n} choices from the engine, got {len(choices)}")
+    top_prompt = payload.get("prompt_token_ids")
+    usage = payload.get("usage")
+    generations = []
+    for choice in choices:
+        prompt = choice.get("prompt_token_ids") or top_prompt or []
+        gen = Generation(
+            prompt_token_ids=list(prompt),
+            completion_token_ids=list(choice.get("token_ids") or []),
+            completion_logprobs=_choice_logprobs(endpoint, choice),
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+        )
+        generations.append(_check(f"choice {choice.get('index', 0)}", gen))
+    return generations
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    prompt: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class StreamCapture:
+    """Accumulates the tokens of a streamed answer chunk by chunk."""
+
+    endpoint: Endpoint
+    n: int
+    prompt: list[int] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    choices: dict[int, _ChoiceState] = field(default_factory=dict)
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("prompt_token_ids"):
+            self.prompt = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
+            if choice.get("prompt_token_ids"):
+                state.prompt = list(choice["prompt_token_ids"])
+            state.ids.extend(choice.get("token_ids") or [])
+            state.logprobs.extend(_choice_logprobs(self.endpoint, choice))
+            if choice.get("finish_reason") is not None:
+                state.finish_reason = choice["finish_reason"]
+
+    def generations(self) -> list[Generation]:
+        if sorted(self.choices) != list(range(self.n)):
+            raise UpstreamError(
+                f"expected {self.n} choices in the stream, got indices {sorted(self.choices)}"
+            )
+        return [
+            _check(
+                f"choice {i}",
+                Generation(
+                    prompt_token_ids=state.prompt or self.prompt,
+                    completion_token_ids=state.ids,
+                    completion_logprobs=state.logprobs,
+                    finish_reason=state.finish_reason,
+                    usage=self.usage,
+                ),
+            )
+            for i, state in sorted(self.choices.items())
+        ]
+
+
+# -- what the harness receives --------------------------------------------------------------
+
+
+def scrub(payload: dict[str, Any], wants: ClientWants) -> dict[str, Any]:
+    """Remove the capture fields the harness did not ask for (in place; returns payload)."""
+    if not wants.token_ids:
+        payload.pop("prompt_token_ids", None)
+        payload.pop("prompt_logprobs", None)
+    for choice in payload.get("choices") or []:
+        if not wants.token_ids:
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+            choice.pop("prompt_logprobs", None)
+        if not wants.logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+    return payload

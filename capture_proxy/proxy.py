@@ -1,0 +1,247 @@
+"""The capture path: admit → forward → capture → commit → answer (DESIGN §3).
+
+The harness's last byte (the whole body, or the stream's ``[DONE]``) is sent only after the
+completion is committed. Every admitted call ends ``completed``, ``failed`` or ``cancelled``;
+the in-flight registry lets a close cancel this process's calls upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+
+from capture_proxy.attribution import attribute
+from capture_proxy.capture import (
+    ClientWants,
+    Endpoint,
+    StreamCapture,
+    generations_from_response,
+    prepare_upstream_body,
+    request_n,
+    scrub,
+    validate_body,
+)
+from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
+from capture_proxy.settings import Settings
+from capture_proxy.store.records import Admission
+from capture_proxy.store.repository import Store
+from capture_proxy.upstream import Upstream, error_body_from, sse_events
+
+log = logging.getLogger(__name__)
+
+PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+CALL_ID_HEADER = "X-Capture-Call-Id"
+CALL_IDS_HEADER = "X-Capture-Call-Ids"
+CANCELLED_BY_CLOSE = "cancelled_by_close"
+CLIENT_DISCONNECTED = "client_disconnected"
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """One request being served by this process (one entry per request, all its choices)."""
+
+    episode_id: str
+    call_ids: list[str]
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[Any] | None = None
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
+    return {CALL_ID_HEADER: request_id, CALL_IDS_HEADER: ",".join(call_ids)}
+
+
+class CaptureService:
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
+        self.settings = settings
+        self.store = store
+        self.upstream = upstream
+        self._in_flight: dict[str, _InFlight] = {}
+
+    # -- cancellation (used by close) -------------------------------------------------------
+
+    async def cancel_in_flight(self, episode_id: str) -> None:
+        """Abort this process's upstream requests of an episode; their handlers record them.
+
+        Whole requests are cancelled at once; streams stop at their next chunk (closing the
+        engine's response, which aborts the request there).
+        """
+        for entry in list(self._in_flight.values()):
+            if entry.episode_id != episode_id:
+                continue
+            entry.cancelled.set()
+            if entry.task is not None:
+                entry.task.cancel()
+
+    # -- the proxy --------------------------------------------------------------------------
+
+    async def models(self) -> Response:
+        reply = await self.upstream.get_json("/v1/models")
+        return JSONResponse(reply.body, status_code=reply.status_code)
+
+    async def handle(
+        self, episode_id: str, endpoint: Endpoint, body: Any, headers: Mapping[str, str]
+    ) -> Response:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        validate_body(endpoint, body)
+        attribution, forwarded = attribute(headers, body, self.settings.attribution)
+        upstream_body, wants = prepare_upstream_body(endpoint, forwarded, self.settings.upstream)
+        n = request_n(body)
+        stream = bool(body.get("stream"))
+        call_ids = await self.store.admit(
+            episode_id,
+            Admission(
+                endpoint=endpoint,
+                stream=stream,
+                n=n,
+                role=attribution.role,
+                agent_id=attribution.agent_id,
+                parent_agent_id=attribution.parent_agent_id,
+                model=body.get("model") if isinstance(body.get("model"), str) else None,
+            ),
+        )
+        request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
+        entry = _InFlight(episode_id, call_ids)
+        self._in_flight[request_id] = entry
+        try:
+            if stream:
+                return await self._streamed(entry, request_id, endpoint, upstream_body, wants, n)
+            return await self._whole(entry, request_id, endpoint, upstream_body, wants, n)
+        except BaseException:
+            self._in_flight.pop(request_id, None)
+            raise
+
+    async def _fail(self, entry: _InFlight, status: str, reason: str) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
+
+    async def _whole(
+        self,
+        entry: _InFlight,
+        request_id: str,
+        endpoint: Endpoint,
+        upstream_body: dict[str, Any],
+        wants: ClientWants,
+        n: int,
+    ) -> Response:
+        headers = _call_headers(entry.call_ids, request_id)
+        try:
+            entry.task = asyncio.create_task(
+                self.upstream.post_json(PATHS[endpoint], upstream_body)
+            )
+            try:
+                reply = await entry.task
+            except asyncio.CancelledError:
+                if not entry.cancelled.is_set():
+                    raise
+                await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
+                raise Conflict(
+                    "the episode was closed while this call ran; call cancelled"
+                ) from None
+            if reply.status_code >= 400:
+                message = str(reply.body.get("error", {}).get("message", ""))
+                await self._fail(entry, "failed", f"upstream {reply.status_code}: {message}")
+                return JSONResponse(reply.body, status_code=reply.status_code, headers=headers)
+            generations = generations_from_response(endpoint, reply.body, n)
+            if not await self.store.complete(entry.episode_id, entry.call_ids, generations):
+                raise Conflict("the episode was closed while this call ran; call cancelled")
+            return JSONResponse(scrub(reply.body, wants), headers=headers)
+        except CaptureProxyError as exc:
+            await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
+            raise
+        except BaseException:
+            await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
+            raise
+        finally:
+            self._in_flight.pop(request_id, None)
+
+    async def _streamed(
+        self,
+        entry: _InFlight,
+        request_id: str,
+        endpoint: Endpoint,
+        upstream_body: dict[str, Any],
+        wants: ClientWants,
+        n: int,
+    ) -> Response:
+        headers = _call_headers(entry.call_ids, request_id)
+        try:
+            response = await self.upstream.open_stream(PATHS[endpoint], upstream_body)
+        except CaptureProxyError as exc:
+            await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
+            raise
+        if response.status_code >= 400:
+            raw = await response.aread()
+            await response.aclose()
+            body = error_body_from(response.status_code, raw)
+            await self._fail(entry, "failed", f"upstream {response.status_code}: {raw[:500]!r}")
+            self._in_flight.pop(request_id, None)
+            return JSONResponse(body, status_code=response.status_code, headers=headers)
+        return StreamingResponse(
+            self._relay(entry, request_id, endpoint, response, wants, n),
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+        )
+
+    async def _relay(
+        self,
+        entry: _InFlight,
+        request_id: str,
+        endpoint: Endpoint,
+        response: httpx.Response,
+        wants: ClientWants,
+        n: int,
+    ) -> AsyncIterator[bytes]:
+        """Pass the engine's chunks through while capturing tokens; [DONE] only after commit."""
+        capture = StreamCapture(endpoint, n)
+        settled = False
+        try:
+            async for data in sse_events(response):
+                if data.strip() == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
+                    raise UpstreamError(f"engine error in stream: {chunk['error']}")
+                capture.feed(chunk)
+                yield _sse(scrub(chunk, wants))
+                if entry.cancelled.is_set():
+                    raise UpstreamError("cancelled by close")
+            else:
+                raise UpstreamError("the engine's stream ended without [DONE]")
+            generations = capture.generations()
+            if await self.store.complete(entry.episode_id, entry.call_ids, generations):
+                settled = True
+                yield b"data: [DONE]\n\n"
+            else:
+                settled = True
+                yield _sse(Conflict("the episode was closed while this call ran").to_body())
+        except (CaptureProxyError, ValueError) as exc:
+            settled = True
+            if entry.cancelled.is_set():
+                await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
+                yield _sse(Conflict("the episode was closed; this call was cancelled").to_body())
+            else:
+                message = exc.message if isinstance(exc, CaptureProxyError) else str(exc)
+                await self._fail(entry, "failed", f"{type(exc).__name__}: {message}")
+                error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
+                yield _sse(error.to_body())
+        finally:
+            self._in_flight.pop(request_id, None)
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+                if not settled:
+                    reason = CANCELLED_BY_CLOSE if entry.cancelled.is_set() else CLIENT_DISCONNECTED
+                    await self.store.finish(entry.episode_id, entry.call_ids, "cancelled", reason)

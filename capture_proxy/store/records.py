@@ -1,0 +1,75 @@
+"""Frozen records the store hands out (never ORM objects across the boundary)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+EpisodeStatus = Literal["open", "closing", "closed"]
+CallStatus = Literal["admitted", "completed", "failed", "cancelled"]
+Mark = Literal["discarded", "accepted"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallAccounting:
+    admitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeInfo:
+    episode_id: str
+    group_id: str
+    status: EpisodeStatus
+    reward: float | None
+    metadata: dict[str, Any]
+    calls: CallAccounting
+    exported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    call_id: str
+    request_id: str
+    choice_index: int
+    endpoint: str
+    stream: bool
+    agent_id: str | None
+    parent_agent_id: str | None
+    role: str
+    status: CallStatus
+    mark: Mark | None
+    admitted_seq: int
+    completed_seq: int | None
+    finish_reason: str | None
+    error: str | None
+    model: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the harness told us about a call before it runs."""
+
+    endpoint: Literal["chat", "completions"]
+    stream: bool
+    n: int
+    role: str
+    agent_id: str | None = None
+    parent_agent_id: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One captured choice: exact prompt ids, sampled ids and their behaviour logprobs."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    finish_reason: str | None
+    usage: dict[str, Any] | None = field(default=None)

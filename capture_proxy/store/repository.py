@@ -1,0 +1,398 @@
+"""Transactional operations on episodes and calls.
+
+Every state change is one short transaction. The episode-wide counter (``episodes.seq``) is
+incremented with ``UPDATE … RETURNING`` inside the transaction that admits or completes a call, so
+``admitted_seq``/``completed_seq`` order calls correctly across several proxy processes.
+Call state changes are conditional (``WHERE status = 'admitted'``): the first terminal state wins,
+so a completion racing a cancellation can never record both.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from capture_proxy.errors import Conflict, NotFound, StoreError
+from capture_proxy.store.models import Call, Episode, utcnow
+from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from capture_proxy.store.records import (
+    Admission,
+    CallAccounting,
+    CallInfo,
+    EpisodeInfo,
+    Generation,
+)
+
+BUNDLE_SCHEMA = "capture-episode/v1"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:20]}"
+
+
+def _call_info(call: Call) -> CallInfo:
+    return CallInfo(
+        call_id=call.call_id,
+        request_id=call.request_id,
+        choice_index=call.choice_index,
+        endpoint=call.endpoint,
+        stream=call.stream,
+        agent_id=call.agent_id,
+        parent_agent_id=call.parent_agent_id,
+        role=call.role,
+        status=call.status,  # type: ignore[arg-type]
+        mark=call.mark,  # type: ignore[arg-type]
+        admitted_seq=call.admitted_seq,
+        completed_seq=call.completed_seq,
+        finish_reason=call.finish_reason,
+        error=call.error,
+        model=call.model,
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+    )
+
+
+class Store:
+    """The proxy's and the job's only way into the database."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    # -- episodes ---------------------------------------------------------------------------
+
+    async def create_episode(
+        self, group_id: str, episode_id: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> EpisodeInfo:
+        episode_id = episode_id or new_id("ep_")
+        try:
+            async with self._sessions.begin() as session:
+                if await session.get(Episode, episode_id) is not None:
+                    raise Conflict(f"episode {episode_id!r} already exists", param="episode_id")
+                session.add(
+                    Episode(
+                        episode_id=episode_id,
+                        group_id=group_id,
+                        status="open",
+                        metadata_=metadata or {},
+                        seq=0,
+                    )
+                )
+        except IntegrityError as exc:
+            raise Conflict(f"episode {episode_id!r} already exists", param="episode_id") from exc
+        return await self.get_episode(episode_id)
+
+    async def get_episode(self, episode_id: str) -> EpisodeInfo:
+        async with self._sessions() as session:
+            episode = await self._episode(session, episode_id)
+            counts = await self._accounting(session, [episode_id])
+            return self._episode_info(episode, counts.get(episode_id, CallAccounting()))
+
+    async def list_episodes(
+        self, status: str | None = None, group_id: str | None = None, limit: int = 1000
+    ) -> list[EpisodeInfo]:
+        async with self._sessions() as session:
+            query = select(Episode).order_by(Episode.created_at, Episode.episode_id).limit(limit)
+            if status is not None:
+                query = query.where(Episode.status == status)
+            if group_id is not None:
+                query = query.where(Episode.group_id == group_id)
+            episodes = list((await session.scalars(query)).all())
+            counts = await self._accounting(session, [e.episode_id for e in episodes])
+            return [
+                self._episode_info(e, counts.get(e.episode_id, CallAccounting())) for e in episodes
+            ]
+
+    @staticmethod
+    def _episode_info(episode: Episode, counts: CallAccounting) -> EpisodeInfo:
+        return EpisodeInfo(
+            episode_id=episode.episode_id,
+            group_id=episode.group_id,
+            status=episode.status,  # type: ignore[arg-type]
+            reward=episode.reward,
+            metadata=dict(episode.metadata_ or {}),
+            calls=counts,
+            exported=episode.export_id is not None,
+        )
+
+    @staticmethod
+    async def _episode(session: AsyncSession, episode_id: str) -> Episode:
+        episode = await session.get(Episode, episode_id)
+        if episode is None:
+            raise NotFound(f"episode {episode_id!r} not found", param="episode_id")
+        return episode
+
+    @staticmethod
+    async def _accounting(
+        session: AsyncSession, episode_ids: Sequence[str]
+    ) -> dict[str, CallAccounting]:
+        if not episode_ids:
+            return {}
+        rows = await session.execute(
+            select(Call.episode_id, Call.status, func.count())
+            .where(Call.episode_id.in_(episode_ids))
+            .group_by(Call.episode_id, Call.status)
+        )
+        by_episode: dict[str, dict[str, int]] = {}
+        for episode_id, status, count in rows:
+            by_episode.setdefault(episode_id, {})[status] = count
+        return {
+            episode_id: CallAccounting(
+                admitted=sum(c.values()),
+                completed=c.get("completed", 0),
+                failed=c.get("failed", 0),
+                cancelled=c.get("cancelled", 0),
+                in_flight=c.get("admitted", 0),
+            )
+            for episode_id, c in by_episode.items()
+        }
+
+    # -- calls ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _next_seq(session: AsyncSession, episode_id: str, *, need_open: bool) -> int | None:
+        query = update(Episode).where(Episode.episode_id == episode_id)
+        if need_open:
+            query = query.where(Episode.status == "open")
+        result = await session.execute(query.values(seq=Episode.seq + 1).returning(Episode.seq))
+        value = result.scalar_one_or_none()
+        return None if value is None else int(value)
+
+    async def admit(self, episode_id: str, admission: Admission) -> list[str]:
+        """Admit a request's ``n`` choices as calls; returns their call ids (one per choice).
+
+        Raises NotFound for an unknown episode, Conflict when it is not open.
+        """
+        request_id = new_id("call_")
+        call_ids = (
+            [request_id] if admission.n == 1 else [f"{request_id}-{i}" for i in range(admission.n)]
+        )
+        try:
+            async with self._sessions.begin() as session:
+                for index, call_id in enumerate(call_ids):
+                    seq = await self._next_seq(session, episode_id, need_open=True)
+                    if seq is None:
+                        episode = await self._episode(session, episode_id)
+                        raise Conflict(
+                            f"episode {episode_id!r} is {episode.status}; it admits no calls",
+                            code="episode_not_open",
+                        )
+                    session.add(
+                        Call(
+                            call_id=call_id,
+                            episode_id=episode_id,
+                            request_id=request_id,
+                            choice_index=index,
+                            endpoint=admission.endpoint,
+                            stream=admission.stream,
+                            agent_id=admission.agent_id,
+                            parent_agent_id=admission.parent_agent_id,
+                            role=admission.role,
+                            status="admitted",
+                            admitted_seq=seq,
+                            model=admission.model,
+                        )
+                    )
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not admit call: {exc}") from exc
+        return call_ids
+
+    async def complete(
+        self, episode_id: str, call_ids: Sequence[str], generations: Sequence[Generation]
+    ) -> bool:
+        """Record the choices of one request as completed, all or nothing.
+
+        Returns False (recording nothing) when a call is no longer ``admitted`` (it was cancelled
+        by a close meanwhile): the caller must then not deliver the response as if recorded.
+        """
+        if len(call_ids) != len(generations):
+            raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
+        try:
+            async with self._sessions.begin() as session:
+                for call_id, gen in zip(call_ids, generations, strict=True):
+                    seq = await self._next_seq(session, episode_id, need_open=False)
+                    result = await session.execute(
+                        update(Call)
+                        .where(Call.call_id == call_id, Call.status == "admitted")
+                        .values(
+                            status="completed",
+                            completed_seq=seq,
+                            finish_reason=gen.finish_reason,
+                            prompt_token_ids=pack_ids(gen.prompt_token_ids),
+                            completion_token_ids=pack_ids(gen.completion_token_ids),
+                            completion_logprobs=pack_logprobs(gen.completion_logprobs),
+                            prompt_tokens=len(gen.prompt_token_ids),
+                            completion_tokens=len(gen.completion_token_ids),
+                            usage=gen.usage,
+                            completed_at=utcnow(),
+                        )
+                    )
+                    if result.rowcount != 1:  # type: ignore[attr-defined]
+                        await session.rollback()
+                        return False
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record completion: {exc}") from exc
+        return True
+
+    async def finish(
+        self,
+        episode_id: str,
+        call_ids: Iterable[str],
+        status: str,
+        error: str,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> int:
+        """Move still-admitted calls to ``failed`` or ``cancelled``; returns how many moved."""
+        if status not in {"failed", "cancelled"}:
+            raise StoreError(f"finish() takes failed or cancelled, not {status!r}")
+        moved = 0
+        try:
+            async with self._sessions.begin() as session:
+                for call_id in call_ids:
+                    values: dict[str, Any] = {
+                        "status": status,
+                        "error": error[:4000],
+                        "completed_at": utcnow(),
+                    }
+                    if prompt_token_ids:
+                        values["prompt_token_ids"] = pack_ids(prompt_token_ids)
+                        values["prompt_tokens"] = len(prompt_token_ids)
+                    result = await session.execute(
+                        update(Call)
+                        .where(
+                            Call.call_id == call_id,
+                            Call.episode_id == episode_id,
+                            Call.status == "admitted",
+                        )
+                        .values(**values)
+                    )
+                    moved += result.rowcount  # type: ignore[attr-defined]
+        except SQLAlchemyError as exc:
+            raise StoreError(f"could not record {status} call: {exc}") from exc
+        return moved
+
+    async def list_calls(self, episode_id: str) -> list[CallInfo]:
+        async with self._sessions() as session:
+            await self._episode(session, episode_id)
+            calls = await session.scalars(
+                select(Call).where(Call.episode_id == episode_id).order_by(Call.admitted_seq)
+            )
+            return [_call_info(c) for c in calls]
+
+    async def outstanding(self, episode_id: str) -> list[str]:
+        async with self._sessions() as session:
+            ids = await session.scalars(
+                select(Call.call_id)
+                .where(Call.episode_id == episode_id, Call.status == "admitted")
+                .order_by(Call.admitted_seq)
+            )
+            return list(ids)
+
+    async def mark_call(
+        self, episode_id: str, call_id: str, mark: str | None, role: str | None = None
+    ) -> CallInfo:
+        async with self._sessions.begin() as session:
+            episode = await self._episode(session, episode_id)
+            if episode.status == "closed":
+                raise Conflict(f"episode {episode_id!r} is closed; marks can no longer change")
+            call = await session.get(Call, call_id)
+            if call is None or call.episode_id != episode_id:
+                raise NotFound(
+                    f"call {call_id!r} not found in episode {episode_id!r}", param="call_id"
+                )
+            call.mark = mark
+            if role is not None:
+                call.role = role
+            return _call_info(call)
+
+    async def _apply_marks(
+        self, session: AsyncSession, episode_id: str, marks: dict[str, str]
+    ) -> None:
+        for call_id, mark in marks.items():
+            call = await session.get(Call, call_id)
+            if call is None or call.episode_id != episode_id:
+                raise NotFound(
+                    f"call {call_id!r} not found in episode {episode_id!r}", param="call_id"
+                )
+            call.mark = mark
+
+    # -- closing ----------------------------------------------------------------------------
+
+    async def begin_close(self, episode_id: str, reward: float, marks: dict[str, str]) -> str:
+        """Stop admissions at once (``closing``) and record the reward and marks.
+
+        Returns the episode's status after the call: ``closing``, or ``closed`` when it was
+        already closed with the same reward (idempotent). A different reward → Conflict.
+        """
+        async with self._sessions.begin() as session:
+            episode = await self._episode(session, episode_id)
+            if episode.status != "open":
+                if episode.reward != reward:
+                    raise Conflict(
+                        f"episode {episode_id!r} is {episode.status} with reward {episode.reward};"
+                        f" cannot close it with reward {reward}",
+                        code="reward_mismatch",
+                    )
+                if episode.status == "closed":
+                    return "closed"
+            await self._apply_marks(session, episode_id, marks)
+            episode.status = "closing"
+            episode.reward = reward
+            return "closing"
+
+    async def finish_close(self, episode_id: str) -> bool:
+        """Close the episode if no call is outstanding; returns whether it is now closed."""
+        async with self._sessions.begin() as session:
+            episode = await self._episode(session, episode_id)
+            if episode.status == "closed":
+                return True
+            pending = await session.scalar(
+                select(func.count())
+                .select_from(Call)
+                .where(Call.episode_id == episode_id, Call.status == "admitted")
+            )
+            if pending:
+                return False
+            episode.status = "closed"
+            episode.closed_at = utcnow()
+            return True
+
+    # -- bundles ----------------------------------------------------------------------------
+
+    async def bundle(self, episode_id: str) -> dict[str, Any]:
+        """The episode bundle (docs/formats.md), with unpacked token arrays."""
+        async with self._sessions() as session:
+            episode = await self._episode(session, episode_id)
+            calls = await session.scalars(
+                select(Call).where(Call.episode_id == episode_id).order_by(Call.admitted_seq)
+            )
+            return {
+                "schema": BUNDLE_SCHEMA,
+                "episode_id": episode.episode_id,
+                "group_id": episode.group_id,
+                "status": episode.status,
+                "reward": episode.reward,
+                "metadata": dict(episode.metadata_ or {}),
+                "calls": [
+                    {
+                        "call_id": c.call_id,
+                        "agent_id": c.agent_id,
+                        "parent_agent_id": c.parent_agent_id,
+                        "role": c.role,
+                        "status": c.status,
+                        "mark": c.mark,
+                        "admitted_seq": c.admitted_seq,
+                        "completed_seq": c.completed_seq,
+                        "finish_reason": c.finish_reason,
+                        "error": c.error,
+                        "prompt_token_ids": unpack_ids(c.prompt_token_ids),
+                        "completion_token_ids": unpack_ids(c.completion_token_ids),
+                        "completion_logprobs": unpack_logprobs(c.completion_logprobs),
+                    }
+                    for c in calls
+                ],
+            }
