@@ -8,6 +8,7 @@ takes it under the episode row's lock (``UPDATE … RETURNING``).
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,18 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Run the alembic migrations up to ``revision`` (blocking; call from sync code)."""
-    command.upgrade(alembic_config(url), revision)
+    """Run the alembic migrations up to ``revision`` (blocking).
+
+    The migration environment runs its own event loop, so when called from a thread that already
+    runs one, the migration runs in a worker thread (and this call blocks until it is done).
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        command.upgrade(alembic_config(url), revision)
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(command.upgrade, alembic_config(url), revision).result()
 
 
 async def upgrade_async(url: str, revision: str = "head") -> None:
