@@ -272,12 +272,16 @@ def _as_array(value: Any, key: str, where: str, what: str) -> npt.NDArray[Any]:
 
 def _token_ids(value: Any, key: str, where: str) -> IntArray:
     array = _as_array(value, key, where, "token ids")
-    if array.size and (array.dtype.kind not in "iu" or int(array.min()) < 0):
+    if array.size and (
+        array.dtype.kind not in "iu" or int(array.min()) < 0 or int(array.max()) >= 2**63
+    ):
         bad = next(
-            (t for t in value if isinstance(t, bool) or not isinstance(t, int) or t < 0), None
+            (t for t in value if isinstance(t, bool) or not isinstance(t, int) or t < 0),
+            None,
         )
+        shown = "an out-of-range value" if bad is None else repr(bad)
         raise InvalidBundle(
-            f"{where}: field {key!r} holds {bad!r}, not a non-negative integer token id",
+            f"{where}: field {key!r} holds {shown}, not a non-negative integer token id",
             param=key,
         )
     return _frozen_ints(array)
