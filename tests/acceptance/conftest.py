@@ -1,0 +1,91 @@
+"""The controlled episode, captured once per test module on the real vLLM and the real proxy.
+
+``captured`` runs the MISSION episode (parent, two overlapping workers, compaction in one, reversed
+completion order, parent resumption) through the proxy on SQLite, closes it, and hands tests the
+harness's trace and the episode bundle. Further episodes (parent-only, unlabelled, a GRPO group)
+are run with ``episode_runner``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from capture_proxy.engine import VLLMServer
+from capture_proxy.harness import close_episode, fetch_bundle, open_episode, run_episode
+from capture_proxy.harness.trace import EpisodeTrace, Mode
+from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
+from tests.fixtures.db import sqlite_url
+from tests.fixtures.proxy import ProxyServer
+
+
+@dataclass(frozen=True)
+class Captured:
+    trace: EpisodeTrace
+    bundle: dict[str, Any]
+
+    def call(self, step: str) -> dict[str, Any]:
+        """The bundle's record of one script step."""
+        call_id = self.trace.step(step).call_id
+        return next(c for c in self.bundle["calls"] if c["call_id"] == call_id)
+
+
+class EpisodeRunner:
+    def __init__(self, proxy: ProxyServer) -> None:
+        self.proxy = proxy
+
+    async def run(
+        self,
+        *,
+        group_id: str,
+        seed: int,
+        reward: float,
+        mode: Mode = "workers",
+        labelled: bool = True,
+    ) -> Captured:
+        episode_id, base_url = await open_episode(self.proxy.url, group_id)
+        trace = await run_episode(
+            base_url,
+            episode_id=episode_id,
+            group_id=group_id,
+            seed=seed,
+            mode=mode,
+            labelled=labelled,
+        )
+        closed = await close_episode(self.proxy.url, episode_id, reward, wait_s=5.0)
+        assert closed.status_code == 200, closed.text
+        return Captured(trace, await fetch_bundle(self.proxy.url, episode_id))
+
+
+@pytest.fixture(scope="module")
+def acceptance_proxy(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyServer]:
+    store = sqlite_url(tmp_path_factory.mktemp("acceptance") / "capture.db")
+    settings = Settings(
+        store=StoreSettings(url=store), upstream=UpstreamSettings(url=vllm_server.base_url)
+    )
+    server = ProxyServer(settings, None).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def episode_runner(acceptance_proxy: ProxyServer) -> EpisodeRunner:
+    return EpisodeRunner(acceptance_proxy)
+
+
+@pytest.fixture(scope="module")
+def captured(episode_runner: EpisodeRunner) -> Captured:
+    """The acceptance episode (workers mode, seed 1, reward 1.0), closed."""
+    return asyncio.run(episode_runner.run(group_id="accept", seed=1, reward=1.0))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
