@@ -140,8 +140,11 @@ class VLLMServer:
         atexit.register(self.stop)
         try:
             self._wait_healthy(began)
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            try:
+                self.stop()
+            except EngineError as stop_exc:
+                exc.add_note(stop_exc.message)
             raise
         self.startup_s = time.monotonic() - began
         return self
@@ -180,9 +183,10 @@ class VLLMServer:
             time.sleep(0.1)
         if _group_alive(pgid, process):
             _signal_group(pgid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
-        if process.poll() is None or _group_alive(pgid, process):
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and _group_alive(pgid, process):
+                time.sleep(0.05)
+        if _group_alive(pgid, process):
             raise EngineError(f"vLLM process group {pgid} survived SIGKILL")
 
     @property
@@ -213,12 +217,27 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def _group_alive(pgid: int, leader: subprocess.Popen[bytes]) -> bool:
-    """True while any member of the group exists (the reaped leader no longer counts)."""
-    leader.poll()  # reap the leader if it has exited, so it does not linger as a zombie
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    """True while a live (non-zombie) member of the group exists.
+
+    Orphaned members are reparented to PID 1, which in a container may never reap them, so a
+    zombie member counts as gone; the leader, our child, is reaped here.
+    """
+    leader.poll()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, …
+        if int(fields[2]) == pgid and fields[0] not in {"Z", "X"}:
+            return True
+    return False

@@ -63,8 +63,9 @@ PRETOKENIZE_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 EMBED_STD = 0.1
+HEAD_STD = 0.3  # output head: logits vary by ~1.5 nats across tokens, so context matters
 BIAS_CHANNEL = 1.0  # constant on hidden dim 0 of every input embedding
-EOS_BONUS = 0.8  # output weight of <|im_end|> on that channel → mean turn length of a few dozen
+EOS_BONUS = 0.85  # output weight of <|im_end|> on that channel → mean turn length of a few dozen
 SUPPRESS = 4.0  # negative output weight of the other added tokens on it → never sampled
 
 CHAT_TEMPLATE = r"""{%- macro text(content) -%}
@@ -164,7 +165,7 @@ def _weights(ids: dict[str, int]) -> dict[str, np.ndarray]:
 
     embed = normal(VOCAB_SIZE, HIDDEN, std=EMBED_STD)  # [V, H]
     embed[:, 0] = BIAS_CHANNEL
-    head = normal(VOCAB_SIZE, HIDDEN, std=EMBED_STD)  # [V, H]
+    head = normal(VOCAB_SIZE, HIDDEN, std=HEAD_STD)  # [V, H]
     head[:, 0] = 0.0
     for content, token_id in ids.items():
         head[token_id, 0] = EOS_BONUS if content == EOS_TOKEN else -SUPPRESS
