@@ -13,3 +13,12 @@ echo "[install-env] the project with its train and test extras"
 # PyPI builds of these break `transformers` imports beside the CPU torch (DESIGN §7).
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$venv/bin/python" -c 'import torch, vllm, fastapi, sqlalchemy; print("[install-env] ok: torch", torch.__version__)'
+# OpenCode (DESIGN §7) for the harness tests, pinned, project-local: .venv/opencode/node_modules/.bin.
+opencode_version="1.18.33"
+opencode_dir="$venv/opencode"
+if [ "$("$opencode_dir/node_modules/.bin/opencode" --version 2>/dev/null || true)" != "$opencode_version" ]; then
+    echo "[install-env] opencode-ai@$opencode_version into $opencode_dir"
+    mkdir -p "$opencode_dir"
+    npm install --silent --no-audit --no-fund --prefix "$opencode_dir" "opencode-ai@$opencode_version"
+fi
+"$opencode_dir/node_modules/.bin/opencode" --version | sed 's/^/[install-env] ok: opencode /'
