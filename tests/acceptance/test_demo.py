@@ -1,0 +1,52 @@
+"""`capture-proxy demo` end to end, as a user runs it (a subprocess with its own vLLM)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_demo_writes_everything(tmp_path: Path) -> None:
+    out = tmp_path / "demo-out"
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "capture_proxy.cli", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    elapsed = time.monotonic() - began
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "learner step" in done.stdout
+    bundles = sorted((out / "bundles").glob("*.json"))
+    assert len(bundles) == 4
+    for path in bundles:
+        bundle = json.loads(path.read_text())
+        assert bundle["status"] == "closed"
+        assert len(bundle["calls"]) == 10
+        assert (out / "html" / f"{bundle['episode_id']}.html").read_text().startswith("<!doctype")
+    rows = [r for p in (out / "rows").glob("rows-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert {r["episode_id"] for r in rows} == {p.stem for p in bundles}
+    accounting = json.loads((out / "accounting.json").read_text())
+    for episode in accounting["accounting"].values():
+        assert sum(episode["counts"].values()) == episode["n_calls"] == 10
+    train = json.loads((out / "train.json").read_text())
+    assert train["episodes"] == 4
+    assert train["rows"] == len(rows)
+    assert train["owned_tokens"] == sum(sum(r["loss_mask"]) for r in rows)
+    assert set(train["advantage_signed_logprob_change_by_agent"]) == {
+        "parent",
+        "worker-a",
+        "worker-b",
+    }
+    # Nothing the demo started is left behind: its vLLM log says the server shut down.
+    assert (out / "vllm.log").exists()
+    print(f"demo took {elapsed:.0f} s")
