@@ -1,18 +1,26 @@
 """Who made a call and what kind of call it is (DESIGN §4).
 
 Agent, in this order: ``X-Agent-Id``/``X-Parent-Agent-Id``; OpenCode's ``x-session-id``/
-``x-parent-session-id``; a configured body field. Role: ``X-Call-Role``, else the first matching
-configured rule, else ``policy``. Harness-only body fields are removed before forwarding.
+``x-parent-session-id``; configured body fields. Role: ``X-Call-Role``, else a configured body
+field, else the first matching configured rule (:class:`~capture_proxy.settings.RoleRule`), else
+``policy``. Body fields read for attribution (and ``strip_body_fields``) are removed before
+forwarding.
+
+:class:`AgentLinks` remembers, per episode, each agent's parent as first reported, so a later
+call of a subagent that does not repeat its parent still gets it, and every agent's chain can be
+walked to its root (OpenCode's nested ``task`` sessions).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
 from capture_proxy.errors import BadRequest
-from capture_proxy.settings import AttributionSettings, Role
+from capture_proxy.settings import AttributionSettings, Role, RoleRule
 
 ROLES: tuple[str, ...] = get_args(Role)
 
@@ -22,9 +30,10 @@ class Attribution:
     agent_id: str | None
     parent_agent_id: str | None
     role: str
+    episode_id: str | None = None
 
 
-def _first_system_text(body: dict[str, Any]) -> str:
+def _first_system_text(body: Mapping[str, Any]) -> str:
     for message in body.get("messages") or []:
         if not isinstance(message, dict) or message.get("role") not in {"system", "developer"}:
             continue
@@ -37,35 +46,117 @@ def _first_system_text(body: dict[str, Any]) -> str:
     return ""
 
 
-def _role(headers: Mapping[str, str], body: dict[str, Any], settings: AttributionSettings) -> str:
+def _checked_role(value: Any, param: str) -> str:
+    if value not in ROLES:
+        raise BadRequest(f"{param} must be one of {', '.join(ROLES)}, not {value!r}", param=param)
+    return str(value)
+
+
+def rule_matches(rule: RoleRule, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
+    """Every matcher the rule sets matches this request."""
+    if rule.no_tools and body.get("tools"):
+        return False
+    if rule.model is not None and body.get("model") != rule.model:
+        return False
+    if rule.header is not None:
+        value = headers.get(rule.header.lower())
+        if value is None or (rule.header_value is not None and value != rule.header_value):
+            return False
+    if rule.body_field is not None:
+        if rule.body_field not in body:
+            return False
+        if rule.body_value is not None and body[rule.body_field] != rule.body_value:
+            return False
+    return rule.system_prefix is None or _first_system_text(body).startswith(rule.system_prefix)
+
+
+def _role(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    body_role: Any,
+    settings: AttributionSettings,
+) -> str:
     explicit = headers.get("x-call-role")
     if explicit is not None:
-        if explicit not in ROLES:
-            raise BadRequest(
-                f"X-Call-Role must be one of {', '.join(ROLES)}, not {explicit!r}",
-                param="X-Call-Role",
-            )
-        return explicit
-    system = _first_system_text(body)
+        return _checked_role(explicit, "X-Call-Role")
+    if body_role is not None:
+        return _checked_role(body_role, settings.role_body_field or "role")
     for rule in settings.role_rules:
-        if rule.no_tools and body.get("tools"):
-            continue
-        if system.startswith(rule.system_prefix):
+        if rule_matches(rule, headers, body):
             return rule.role
     return "policy"
+
+
+def _id(value: Any) -> str | None:
+    return str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
 def attribute(
     headers: Mapping[str, str], body: dict[str, Any], settings: AttributionSettings
 ) -> tuple[Attribution, dict[str, Any]]:
-    """The call's attribution and the body to forward (harness-only fields removed)."""
-    agent = headers.get("x-agent-id") or headers.get("x-session-id")
-    parent = headers.get("x-parent-agent-id") or headers.get("x-parent-session-id")
+    """The call's attribution and the body to forward (harness-only fields removed).
+
+    ``headers`` must look names up case-insensitively (Starlette's do) or be lower-case.
+    """
     forwarded = dict(body)
-    if settings.agent_body_field and settings.agent_body_field in forwarded:
-        value = forwarded.pop(settings.agent_body_field)
-        if agent is None and isinstance(value, str | int):
-            agent = str(value)
+    read: dict[str, Any] = {}
+    fields = {
+        "agent": settings.agent_body_field,
+        "parent": settings.parent_agent_body_field,
+        "role": settings.role_body_field,
+    }
+    for key, name in fields.items():
+        if name and name in forwarded:
+            read[key] = forwarded.pop(name)
     for name in settings.strip_body_fields:
         forwarded.pop(name, None)
-    return Attribution(agent, parent, _role(headers, body, settings)), forwarded
+    agent = headers.get("x-agent-id") or headers.get("x-session-id") or _id(read.get("agent"))
+    parent = (
+        headers.get("x-parent-agent-id")
+        or headers.get("x-parent-session-id")
+        or _id(read.get("parent"))
+    )
+    role = _role(headers, forwarded, read.get("role"), settings)
+    return Attribution(agent, parent, role), forwarded
+
+
+class AgentLinks:
+    """Agent → parent links per episode, as first reported (bounded: least recent episode out)."""
+
+    def __init__(self, max_episodes: int = 4096) -> None:
+        self.max_episodes = max_episodes
+        self._episodes: OrderedDict[str, dict[str, str]] = OrderedDict()
+
+    def _links(self, episode_id: str) -> dict[str, str]:
+        links = self._episodes.get(episode_id)
+        if links is None:
+            links = self._episodes[episode_id] = {}
+            while len(self._episodes) > self.max_episodes:
+                self._episodes.popitem(last=False)
+        else:
+            self._episodes.move_to_end(episode_id)
+        return links
+
+    def resolve(self, episode_id: str, attribution: Attribution) -> Attribution:
+        """Record the call's link; fill in a parent the call did not repeat."""
+        resolved = dataclasses.replace(attribution, episode_id=episode_id)
+        agent, parent = attribution.agent_id, attribution.parent_agent_id
+        if agent is None:
+            return resolved
+        links = self._links(episode_id)
+        if parent is not None and parent != agent:
+            links.setdefault(agent, parent)
+            return resolved
+        known = links.get(agent)
+        return resolved if known is None else dataclasses.replace(resolved, parent_agent_id=known)
+
+    def lineage(self, episode_id: str, agent_id: str) -> list[str]:
+        """``[agent, parent, grandparent, …, root]`` as far as this episode's links go."""
+        links = self._episodes.get(episode_id, {})
+        chain = [agent_id]
+        while chain[-1] in links and links[chain[-1]] not in chain:
+            chain.append(links[chain[-1]])
+        return chain
+
+    def forget(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)

@@ -8,6 +8,7 @@ the in-flight registry lets a close cancel this process's calls upstream.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -19,7 +20,7 @@ import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 
-from capture_proxy.attribution import attribute
+from capture_proxy.attribution import AgentLinks, attribute
 from capture_proxy.capture import (
     ClientWants,
     Endpoint,
@@ -69,6 +70,7 @@ class CaptureService:
         self.store = store
         self.upstream = upstream
         self._in_flight: dict[str, _InFlight] = {}
+        self.links = AgentLinks(settings.attribution.remembered_episodes)
 
     # -- cancellation (used by close) -------------------------------------------------------
 
@@ -98,6 +100,15 @@ class CaptureService:
             raise BadRequest("the request body must be a JSON object")
         validate_body(endpoint, body)
         attribution, forwarded = attribute(headers, body, self.settings.attribution)
+        if self.settings.attribution.remember_parents:
+            attribution = self.links.resolve(episode_id, attribution)
+        else:
+            attribution = dataclasses.replace(attribution, episode_id=episode_id)
+        transform = self.settings.upstream.transform
+        if transform is not None:
+            forwarded = transform(forwarded, attribution)
+            if not isinstance(forwarded, dict):
+                raise TypeError("the request transform must return the body as a dict")
         upstream_body, wants = prepare_upstream_body(endpoint, forwarded, self.settings.upstream)
         n = request_n(body)
         stream = bool(body.get("stream"))

@@ -7,10 +7,11 @@ Examples: ``CAPTURE_PROXY_STORE__URL=postgresql+asyncpg://127.0.0.1/test``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, ImportString, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Role = Literal["policy", "compaction", "auxiliary"]
@@ -28,6 +29,14 @@ class UpstreamSettings(BaseModel):
         description="Body fields forced on every upstream request (e.g. temperature 1.0).",
     )
     api_key: SecretStr | None = None
+    transform: ImportString[Callable[..., Any]] | None = Field(
+        None,
+        description=(
+            "Request-transform hook: a callable `(body, attribution) -> body` (or its dotted "
+            "path, `package.module.name`) applied to every request before `overrides`, "
+            "`served_model` and the capture fields. Harness-only fields are already stripped."
+        ),
+    )
 
 
 class StoreSettings(BaseModel):
@@ -36,12 +45,28 @@ class StoreSettings(BaseModel):
 
 
 class RoleRule(BaseModel):
-    """Assigns a role to a call when its first system message starts with ``system_prefix``
-    (and, if ``no_tools`` is set, the request carries no tools)."""
+    """Assigns ``role`` to a call when every matcher that is set matches (at least one must be).
+
+    Matchers: a request header (present, or equal to ``header_value``); a top-level body field
+    (present, or equal to ``body_value``); the first system message's prefix; the requested
+    model name (an alias a harness uses for, e.g., its small model); ``no_tools``.
+    """
 
     role: Role
-    system_prefix: str
+    system_prefix: str | None = None
+    header: str | None = None
+    header_value: str | None = None
+    body_field: str | None = None
+    body_value: Any = None
+    model: str | None = None
     no_tools: bool = False
+
+    @model_validator(mode="after")
+    def _has_a_matcher(self) -> RoleRule:
+        matchers = (self.system_prefix, self.header, self.body_field, self.model)
+        if all(m is None for m in matchers):
+            raise ValueError("a role rule needs system_prefix, header, body_field or model")
+        return self
 
 
 def _default_role_rules() -> list[RoleRule]:
@@ -55,6 +80,22 @@ class AttributionSettings(BaseModel):
     role_rules: list[RoleRule] = Field(default_factory=_default_role_rules)
     agent_body_field: str | None = Field(
         None, description="Body field holding the agent id (read and stripped before forwarding)."
+    )
+    parent_agent_body_field: str | None = Field(
+        None, description="Body field holding the parent agent id (read and stripped)."
+    )
+    role_body_field: str | None = Field(
+        None, description="Body field holding the call role (read and stripped)."
+    )
+    remember_parents: bool = Field(
+        True,
+        description=(
+            "Remember agent → parent links per episode (OpenCode's session → parent session) "
+            "and fill in the parent of a later call of that agent that does not repeat it."
+        ),
+    )
+    remembered_episodes: int = Field(
+        4096, ge=1, description="How many episodes' links this process keeps (least recent out)."
     )
     strip_body_fields: list[str] = Field(
         default_factory=list, description="Harness-only body fields removed before forwarding."
