@@ -1,0 +1,236 @@
+"""Exact-token continuation ("stitching"): pure decisions, no I/O (DESIGN §8, issue 7).
+
+A chat request *extends* a recorded call of the same agent when its messages begin with that
+call's messages plus the assistant message the proxy returned for it. Messages are compared in a
+normalised form through a hash chain (``h_0 = H("")``, ``h_k = H(h_{k-1} + canon(m_k))``), so a
+call only stores two hashes: ``prefix_hash`` (its own messages) and ``reply_hash`` (its messages
+plus its returned assistant message).
+
+The stitched prompt is the base call's exact prompt ids + its exact completion ids (+ the
+end-of-turn id when the completion did not end with it) + the template's trailer after that
+end-of-turn token + the template's tokens for the appended messages. The last two come from two
+renders: the messages up to and including the returned assistant message (no generation prompt),
+and the full request; the first must be a token prefix of the second (prefix-stable template).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FallbackReason = Literal[
+    "no_previous_call",  # the agent's first call: a root
+    "not_an_extension",  # the messages do not continue any recorded call of the agent
+    "assistant_edited",  # history matches a call, but the harness changed its assistant message
+    "tools_changed",  # extends a call, but the tool list differs (the system turn re-renders)
+    "template_not_prefix_stable",  # rendering the longer history changed earlier tokens
+    "compaction_rewrite",  # the agent's context was rewritten after a compaction call
+    "not_chat",  # /v1/completions: the harness sends tokens or text itself
+    "token_path_unavailable",  # the engine refused render/generate (e.g. no --enable-scale-out)
+]
+Continuation = Literal["stitch", "passthrough"]
+
+_EMPTY = hashlib.sha256(b"").hexdigest()[:32]
+
+
+# -- normalised messages and the hash chain -------------------------------------------------
+
+
+def _content(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" for p in value
+    ):
+        return "".join(str(p.get("text", "")) for p in value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
+    """What of a message reaches the model: role, text, tool calls (name + parsed arguments).
+
+    Tool-call ids and reasoning fields are left out: harnesses regenerate or drop them, and the
+    stitched prompt keeps the model's own sampled tokens for the assistant turn anyway.
+    """
+    out: dict[str, Any] = {
+        "role": message.get("role"),
+        "content": _content(message.get("content")),
+    }
+    if message.get("name"):
+        out["name"] = message["name"]
+    if message.get("role") == "tool" and message.get("tool_call_id") is not None:
+        out["tool_call_id"] = str(message["tool_call_id"])
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        calls.append(
+            {"name": function.get("name"), "arguments": _arguments(function.get("arguments"))}
+        )
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def chain_next(previous: str, message: dict[str, Any]) -> str:
+    text = json.dumps(canonical_message(message), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256((previous + text).encode()).hexdigest()[:32]
+
+
+def chain(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """``[h_0, h_1, …, h_m]`` for ``m`` messages."""
+    hashes = [_EMPTY]
+    for message in messages:
+        hashes.append(chain_next(hashes[-1], message))
+    return hashes
+
+
+def tools_hash(body: dict[str, Any]) -> str:
+    payload = {"tools": body.get("tools") or [], "tool_choice": body.get("tool_choice")}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# -- the assistant message the proxy returned -------------------------------------------------
+
+
+def reply_message(choice: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message a harness appends after a whole (non-streamed) chat choice."""
+    message = choice.get("message") or {}
+    return {
+        "role": "assistant",
+        "content": message.get("content"),
+        "tool_calls": message.get("tool_calls") or [],
+    }
+
+
+@dataclass(slots=True)
+class _Reply:
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplyAccumulator:
+    """Rebuilds each choice's assistant message from streamed chat chunks."""
+
+    replies: dict[int, _Reply] = field(default_factory=dict)
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        for choice in chunk.get("choices") or []:
+            reply = self.replies.setdefault(int(choice.get("index", 0)), _Reply())
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                reply.content.append(str(delta["content"]))
+            for part in delta.get("tool_calls") or []:
+                slot = reply.calls.setdefault(int(part.get("index", 0)), {"name": "", "args": ""})
+                function = part.get("function") or {}
+                slot["name"] += function.get("name") or ""
+                slot["args"] += function.get("arguments") or ""
+
+    def message(self, index: int) -> dict[str, Any]:
+        reply = self.replies.get(index, _Reply())
+        calls = [
+            {"type": "function", "function": {"name": c["name"], "arguments": c["args"]}}
+            for _, c in sorted(reply.calls.items())
+        ]
+        content = "".join(reply.content) if reply.content else None
+        return {"role": "assistant", "content": content, "tool_calls": calls}
+
+
+# -- choosing the call to continue ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PriorCall:
+    """What stitching needs to know of one completed chat call of the agent."""
+
+    call_id: str
+    completed_seq: int
+    role: str
+    messages: int  # number of request messages
+    prefix_hash: str  # h_messages of its request
+    reply_hash: str | None  # h_{messages+1}: its request plus the returned assistant message
+    tools_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Extends:
+    base: PriorCall
+
+
+@dataclass(frozen=True, slots=True)
+class Fresh:
+    reason: FallbackReason
+    base: PriorCall | None = None  # the call it extends at message level, if any
+
+
+def choose_base(priors: Sequence[PriorCall], hashes: Sequence[str], tools: str) -> Extends | Fresh:
+    """The latest longest recorded call this request extends, or why there is none."""
+    if not priors:
+        return Fresh("no_previous_call")
+    m = len(hashes) - 1
+    matches = [p for p in priors if p.messages + 1 <= m and hashes[p.messages + 1] == p.reply_hash]
+    if matches:
+        same_tools = [p for p in matches if p.tools_hash == tools]
+        if not same_tools:
+            return Fresh("tools_changed", max(matches, key=_rank))
+        return Extends(max(same_tools, key=_rank))
+    if any(p.messages < m and hashes[p.messages] == p.prefix_hash for p in priors):
+        return Fresh("assistant_edited")
+    if max(priors, key=lambda p: p.completed_seq).role == "compaction":
+        return Fresh("compaction_rewrite")
+    return Fresh("not_an_extension")
+
+
+def _rank(prior: PriorCall) -> tuple[int, int]:
+    return prior.messages, prior.completed_seq
+
+
+# -- the stitched prompt ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stitched:
+    prompt_ids: list[int]
+    base_len: int  # len(base prompt + base completion [+ end-of-turn])
+    trailer: list[int]  # the template's tokens after the end-of-turn token
+    suffix: list[int]  # the template's tokens for the appended messages (+ generation prompt)
+
+
+def stitch_prompt(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    end_of_turn_id: int,
+    with_reply_ids: Sequence[int],
+    full_ids: Sequence[int],
+) -> Stitched | Fresh:
+    """Base prompt + completion (+ end-of-turn) + trailer + rendered suffix.
+
+    ``with_reply_ids``: the render of the messages up to and including the returned assistant
+    message (no generation prompt); ``full_ids``: the render of the whole request.
+    """
+    cut = len(with_reply_ids)
+    if list(full_ids[:cut]) != list(with_reply_ids) or end_of_turn_id not in with_reply_ids:
+        return Fresh("template_not_prefix_stable")
+    last_eot = cut - 1 - list(reversed(with_reply_ids)).index(end_of_turn_id)
+    trailer = list(with_reply_ids[last_eot + 1 :])
+    completion = list(completion_ids)
+    if not completion or completion[-1] != end_of_turn_id:
+        completion.append(end_of_turn_id)
+    base = [*prompt_ids, *completion]
+    suffix = list(full_ids[cut:])
+    return Stitched([*base, *trailer, *suffix], len(base), trailer, suffix)

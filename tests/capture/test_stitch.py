@@ -1,0 +1,126 @@
+"""Stitching decisions and the stitched prompt, on hand-made messages and token sequences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from capture_proxy.stitch import (
+    Extends,
+    Fresh,
+    PriorCall,
+    ReplyAccumulator,
+    Stitched,
+    canonical_message,
+    chain,
+    choose_base,
+    reply_message,
+    stitch_prompt,
+    tools_hash,
+)
+
+EOT = 9  # the end-of-turn id of these hand-made sequences
+NL = 5  # the template's trailer after it
+
+SYSTEM = {"role": "system", "content": "sys"}
+USER = {"role": "user", "content": "count"}
+CALL = {"id": "x1", "type": "function", "function": {"name": "look", "arguments": '{"shelf": 1}'}}
+REPLY = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+RESULT = {"role": "tool", "tool_call_id": "x1", "content": "3 fruits"}
+TOOLS = tools_hash({"tools": [{"type": "function", "function": {"name": "look"}}]})
+
+
+def prior(
+    call_id: str,
+    messages: list[dict[str, Any]],
+    reply: dict[str, Any],
+    *,
+    seq: int = 1,
+    role: str = "policy",
+    tools: str = TOOLS,
+) -> PriorCall:
+    hashes = chain([*messages, reply])
+    return PriorCall(call_id, seq, role, len(messages), hashes[-2], hashes[-1], tools)
+
+
+def test_canonical_form_ignores_ids_and_json_spacing() -> None:
+    edited = {**CALL, "id": "other", "function": {"name": "look", "arguments": '{"shelf":1}'}}
+    assert canonical_message(REPLY) == canonical_message({**REPLY, "tool_calls": [edited]})
+    assert canonical_message({"role": "assistant", "content": None}) == canonical_message(
+        {"role": "assistant", "content": ""}
+    )
+    assert canonical_message({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == (
+        canonical_message({"role": "user", "content": "hi"})
+    )
+    assert chain([USER]) != chain([{"role": "user", "content": "other"}])
+
+
+def test_first_call_is_a_root() -> None:
+    assert choose_base([], chain([SYSTEM, USER]), TOOLS) == Fresh("no_previous_call")
+
+
+def test_extension_picks_longest_then_latest() -> None:
+    first = prior("c1", [SYSTEM, USER], REPLY, seq=2)
+    history = [SYSTEM, USER, REPLY, RESULT]
+    second = prior("c2", history, {"role": "assistant", "content": "done"}, seq=4)
+    again = prior("c2b", history, {"role": "assistant", "content": "done"}, seq=6)
+    request = [*history, {"role": "assistant", "content": "done"}, USER]
+    assert choose_base([first, second, again], chain(request), TOOLS) == Extends(again)
+    assert choose_base([first], chain(history), TOOLS) == Extends(first)
+
+
+def test_edited_assistant_tools_changed_compaction_and_unrelated() -> None:
+    first = prior("c1", [SYSTEM, USER], REPLY)
+    edited = {"role": "assistant", "content": "I looked."}
+    assert choose_base([first], chain([SYSTEM, USER, edited, USER]), TOOLS) == Fresh(
+        "assistant_edited"
+    )
+    other_tools = choose_base([first], chain([SYSTEM, USER, REPLY, RESULT]), "other")
+    assert other_tools == Fresh("tools_changed", first)
+    compact = prior("c2", [SYSTEM, USER, REPLY, RESULT], edited, seq=3, role="compaction")
+    rewritten = [SYSTEM, {"role": "user", "content": "summary"}]
+    assert choose_base([first, compact], chain(rewritten), TOOLS) == Fresh("compaction_rewrite")
+    assert choose_base([first], chain(rewritten), TOOLS) == Fresh("not_an_extension")
+
+
+def test_stitched_prompt_is_prompt_completion_trailer_suffix() -> None:
+    prompt = [1, 2, 3, 7]  # previous prompt, ends with the generation prompt
+    completion = [40, 41, EOT]  # sampled (non-canonical split of the assistant text)
+    # the template's render of history + reply: canonical split [44] of the same text, EOT, NL
+    with_reply = [1, 2, 3, 7, 44, EOT, NL]
+    full = [*with_reply, 6, 60, 61, EOT, NL, 7]  # + tool turn + generation prompt
+    stitched = stitch_prompt(prompt, completion, EOT, with_reply, full)
+    assert isinstance(stitched, Stitched)
+    assert stitched.prompt_ids == [1, 2, 3, 7, 40, 41, EOT, NL, 6, 60, 61, EOT, NL, 7]
+    assert stitched.prompt_ids[: stitched.base_len] == prompt + completion
+    assert stitched.trailer == [NL]
+    assert stitched.suffix == [6, 60, 61, EOT, NL, 7]
+
+
+def test_truncated_completion_gets_the_end_of_turn() -> None:
+    stitched = stitch_prompt([1, 7], [40, 41], EOT, [1, 7, 44, EOT, NL], [1, 7, 44, EOT, NL, 8])
+    assert isinstance(stitched, Stitched)
+    assert stitched.prompt_ids == [1, 7, 40, 41, EOT, NL, 8]
+
+
+def test_template_that_rewrites_history_falls_back() -> None:
+    # e.g. a template that drops reasoning from earlier assistant turns once a turn follows
+    with_reply = [1, 7, 44, 45, EOT, NL]
+    full = [1, 7, 45, EOT, NL, 6, 7]
+    assert stitch_prompt([1, 7], [44, 45, EOT], EOT, with_reply, full) == Fresh(
+        "template_not_prefix_stable"
+    )
+    assert stitch_prompt([1, 7], [44], EOT, [1, 7, 44], [1, 7, 44, 8]) == Fresh(
+        "template_not_prefix_stable"
+    )
+
+
+def test_streamed_reply_equals_whole_reply() -> None:
+    acc = ReplyAccumulator()
+    call = {"index": 0, "id": "a", "type": "function", "function": {"name": "look"}}
+    acc.feed({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+    acc.feed({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    part = {"index": 0, "function": {"arguments": '{"shelf": 1}'}}
+    acc.feed({"choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
+    acc.feed({"choices": [], "usage": {"prompt_tokens": 3}})
+    whole = reply_message({"message": {"role": "assistant", "content": None, "tool_calls": [CALL]}})
+    assert chain([acc.message(0)]) == chain([whole]) == chain([REPLY])
