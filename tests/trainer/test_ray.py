@@ -1,0 +1,74 @@
+"""Ray Data + Ray Train (2 CPU workers, DDP over gloo) give the 1-worker update."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.rowkit import simple_rows
+from trainer_bridge.batch import collate
+from trainer_bridge.grpo import with_advantages
+from trainer_bridge.learner import Learner, LearnerConfig
+from trainer_bridge.ray_learner import RayStepConfig, ray_train_step
+from trainer_bridge.rows_io import write_parquet
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray instance sized for this 2-core machine, shared by the module's tests."""
+    ray.init(
+        num_cpus=2,
+        object_store_memory=80 * 1024**2,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_two_ray_workers_equal_one_learner(
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    rows = simple_rows(num_episodes=4, rows_per_episode=3)
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    write_parquet(rows[:7], rows_dir / "part-0.parquet")
+    write_parquet(rows[7:], rows_dir / "part-1.parquet")
+    # SGD without clipping: the update is linear in the gradient, so a gradient scaled wrongly
+    # across ranks (DDP averages, the loss must sum) would show in the weights.
+    exact = LearnerConfig(optimizer="sgd", lr=0.5, max_grad_norm=math.inf)
+
+    one = Learner.from_dir(tiny_model_dir, exact)
+    want = one.step(with_advantages(collate(rows)))
+
+    got = ray_train_step(
+        rows_dir,
+        tiny_model_dir,
+        tmp_path / "out",
+        RayStepConfig(num_workers=2, learner=dataclasses.replace(exact, micro_batch_size=2)),
+    )
+    assert (got.rows, got.episodes, got.owned_tokens) == (
+        want.rows,
+        want.episodes,
+        want.owned_tokens,
+    )
+    assert got.micro_batches >= 12 // 2  # summed over ranks: each runs ⌈its rows / 2⌉
+    for field in ("loss", "grad_norm", "clip_fraction", "approx_kl", "mean_ratio"):
+        assert getattr(got, field) == pytest.approx(getattr(want, field), rel=1e-5, abs=1e-6)
+
+    two = Learner.from_dir(tmp_path / "out")
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+    for (name, p), q in zip(one.model.named_parameters(), two.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
+    before = dict(Learner.from_dir(tiny_model_dir).model.named_parameters())
+    assert any(not torch.equal(before[n], p) for n, p in two.model.named_parameters())
