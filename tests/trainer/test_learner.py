@@ -197,7 +197,9 @@ def test_save_writes_a_servable_directory(tiny_model_dir: Path, tmp_path: Path) 
     learner.step(with_advantages(collate(simple_rows())))
     out = learner.save(tmp_path / "out")
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names
+    source = {p.name for p in tiny_model_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert source <= names  # nothing a server needs is left behind
     reloaded = Learner.from_dir(out)
     for (name, p), q in zip(
         learner.model.named_parameters(), reloaded.model.parameters(), strict=True
