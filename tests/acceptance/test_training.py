@@ -261,3 +261,25 @@ def test_parent_only_baseline_and_unlabelled_single_agent(episode_runner: Episod
     for a, b in zip(results[0].rows, results[1].rows, strict=True):
         assert a.input_ids.tolist() == b.input_ids.tolist()
         assert a.loss_mask.tolist() == b.loss_mask.tolist()
+
+
+def test_learner_scores_sampled_tokens_as_vllm_did(captured: Captured, model_dir: Path) -> None:
+    """Behaviour logprobs of freely sampled tokens equal the learner's (same weights, float32).
+
+    Grammar-forced tokens are left out: vLLM reports their logprobs after the structured-output
+    mask, so they differ from the unmasked policy by design.
+    """
+    rows = _train_rows(reconstruct_episode(captured.bundle))
+    free = {c.call_id for c in captured.trace.calls if "structured_outputs" not in c.request}
+    batch = collate(rows)
+    logprobs = Learner.from_dir(model_dir, LearnerConfig()).token_logprobs(batch)  # [B, T]
+    by_id = {r.row_id: r for r in rows}
+    checked = 0
+    for b, row_id in enumerate(batch.row_ids):
+        for span in by_id[row_id].spans:
+            if span.owned and span.call_id in free:
+                got = logprobs[b, span.start : span.end]
+                want = batch.behavior_logprobs[b, span.start : span.end]
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+                checked += span.end - span.start
+    assert checked > 0
