@@ -31,6 +31,7 @@ from capture_proxy.capture import (
     scrub,
     validate_body,
 )
+from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission
@@ -54,6 +55,7 @@ class _InFlight:
     call_ids: list[str]
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
+    plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -70,6 +72,7 @@ class CaptureService:
         self.store = store
         self.upstream = upstream
         self._in_flight: dict[str, _InFlight] = {}
+        self.continuations = Continuations(settings, store, upstream)
         self.links = AgentLinks(settings.attribution.remembered_episodes)
 
     # -- cancellation (used by close) -------------------------------------------------------
@@ -112,6 +115,9 @@ class CaptureService:
         upstream_body, wants = prepare_upstream_body(endpoint, forwarded, self.settings.upstream)
         n = request_n(body)
         stream = bool(body.get("stream"))
+        plan = await self.continuations.plan(
+            episode_id, endpoint, attribution.agent_id, upstream_body
+        )
         call_ids = await self.store.admit(
             episode_id,
             Admission(
@@ -122,10 +128,11 @@ class CaptureService:
                 agent_id=attribution.agent_id,
                 parent_agent_id=attribution.parent_agent_id,
                 model=body.get("model") if isinstance(body.get("model"), str) else None,
+                continuation=plan.record,
             ),
         )
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
-        entry = _InFlight(episode_id, call_ids)
+        entry = _InFlight(episode_id, call_ids, plan=plan)
         self._in_flight[request_id] = entry
         try:
             if stream:
@@ -151,7 +158,7 @@ class CaptureService:
         headers = _call_headers(entry.call_ids, request_id)
         try:
             entry.task = asyncio.create_task(
-                self.upstream.post_json(PATHS[endpoint], upstream_body)
+                self.continuations.post_json(entry.plan, PATHS[endpoint], upstream_body)
             )
             try:
                 reply = await entry.task
@@ -167,6 +174,7 @@ class CaptureService:
                 await self._fail(entry, "failed", f"upstream {reply.status_code}: {message}")
                 return JSONResponse(reply.body, status_code=reply.status_code, headers=headers)
             generations = generations_from_response(endpoint, reply.body, n)
+            generations = self.continuations.replies(entry.plan, generations, reply.body)
             if not await self.store.complete(entry.episode_id, entry.call_ids, generations):
                 raise Conflict("the episode was closed while this call ran; call cancelled")
             return JSONResponse(scrub(reply.body, wants), headers=headers)
@@ -190,7 +198,9 @@ class CaptureService:
     ) -> Response:
         headers = _call_headers(entry.call_ids, request_id)
         try:
-            response = await self.upstream.open_stream(PATHS[endpoint], upstream_body)
+            response = await self.continuations.open_stream(
+                entry.plan, PATHS[endpoint], upstream_body
+            )
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
@@ -227,12 +237,14 @@ class CaptureService:
                 if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
                     raise UpstreamError(f"engine error in stream: {chunk['error']}")
                 capture.feed(chunk)
+                if entry.plan is not None:
+                    entry.plan.replies.feed(chunk)
                 yield _sse(scrub(chunk, wants))
                 if entry.cancelled.is_set():
                     raise UpstreamError("cancelled by close")
             else:
                 raise UpstreamError("the engine's stream ended without [DONE]")
-            generations = capture.generations()
+            generations = self.continuations.replies(entry.plan, capture.generations())
             if await self.store.complete(entry.episode_id, entry.call_ids, generations):
                 settled = True
                 yield b"data: [DONE]\n\n"

@@ -122,6 +122,14 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
     reconstruct: ReconstructSettings = Field(default_factory=ReconstructSettings)
+    continuation: Literal["stitch", "passthrough"] = Field(
+        "passthrough",
+        description="`stitch`: continue an agent on its own sampled tokens (token-in generation,"
+        " needs vLLM --enable-scale-out); `passthrough`: forward chat requests as sent.",
+    )
+    end_of_turn_token: str = Field(
+        "<|im_end|>", description="The chat template's end-of-turn token (stitching)."
+    )
 
 
 @lru_cache(maxsize=1)

@@ -30,6 +30,8 @@ FallbackReason = Literal[
     "compaction_rewrite",  # the agent's context was rewritten after a compaction call
     "not_chat",  # /v1/completions: the harness sends tokens or text itself
     "token_path_unavailable",  # the engine refused render/generate (e.g. no --enable-scale-out)
+    "render_failed",  # the engine could not render the request (its own error follows)
+    "passthrough_mode",  # an extension, but the proxy runs with continuation=passthrough
 ]
 Continuation = Literal["stitch", "passthrough"]
 

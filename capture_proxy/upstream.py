@@ -43,6 +43,13 @@ def error_body_from(status_code: int, raw: bytes) -> dict[str, Any]:
     }
 
 
+#: vLLM's token-in-token-out routes (answer 403 unless vLLM runs with --enable-scale-out).
+RENDER_CHAT = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+DERENDER_CHAT = "/v1/chat/completions/derender"
+TOKENIZE = "/tokenize"
+
+
 class Upstream:
     def __init__(
         self, settings: UpstreamSettings, transport: httpx.AsyncBaseTransport | None = None
@@ -91,6 +98,22 @@ class Upstream:
             raise UpstreamTimeout(f"upstream timed out on POST {path}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(f"upstream unreachable: {exc!r}") from exc
+
+    # -- the token-in path (exact-token continuation) -----------------------------------------
+
+    async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        """A chat request → vLLM's GenerateRequest (``token_ids``, ``sampling_params``, …)."""
+        return await self.post_json(RENDER_CHAT, body)
+
+    async def generate(self, body: dict[str, Any]) -> UpstreamReply:
+        return await self.post_json(GENERATE, body)
+
+    async def open_generate_stream(self, body: dict[str, Any]) -> httpx.Response:
+        return await self.open_stream(GENERATE, body)
+
+    async def derender_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        """A generate answer (or one streamed chunk) → a chat completion (or chunk)."""
+        return await self.post_json(DERENDER_CHAT, body)
 
     @staticmethod
     def _reply(status_code: int, raw: bytes) -> UpstreamReply:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from capture_proxy.api.deps import ServiceDep, StoreDep, base_url_for
 from capture_proxy.api.schemas import CallOut, CloseEpisode, CreateEpisode, EpisodeOut, MarkCall
 from capture_proxy.closing import close_episode
+from capture_proxy.continuation import drift_report
 
 router = APIRouter(prefix="/episodes", tags=["episodes"])
 
@@ -32,7 +33,9 @@ async def list_episodes(
 
 @router.get("/{episode_id}")
 async def get_episode(episode_id: str, store: StoreDep, request: Request) -> EpisodeOut:
-    return EpisodeOut.of(await store.get_episode(episode_id), base_url_for(request, episode_id))
+    out = EpisodeOut.of(await store.get_episode(episode_id), base_url_for(request, episode_id))
+    out.continuation = drift_report((await store.bundle(episode_id))["calls"])
+    return out
 
 
 @router.get("/{episode_id}/calls")

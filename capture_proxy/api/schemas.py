@@ -58,6 +58,11 @@ class EpisodeOut(BaseModel):
     exported: bool
     base_url: str
     calls: CallCounts
+    continuation: dict[str, Any] | None = Field(
+        None,
+        description="Drift report (GET /episodes/{id} only): stitched calls, fresh renders by "
+        "reason, continuations and how many stayed token prefixes.",
+    )
 
     @classmethod
     def of(cls, info: EpisodeInfo, base_url: str) -> EpisodeOut:

@@ -62,6 +62,7 @@ class Admission:
     agent_id: str | None = None
     parent_agent_id: str | None = None
     model: str | None = None
+    continuation: dict[str, Any] | None = None  # see capture_proxy/continuation.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +74,4 @@ class Generation:
     completion_logprobs: list[float]
     finish_reason: str | None
     usage: dict[str, Any] | None = field(default=None)
+    reply_hash: str | None = None  # hash chain of the request messages + the returned reply

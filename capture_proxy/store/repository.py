@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from capture_proxy.errors import Conflict, NotFound, StoreError
+from capture_proxy.stitch import PriorCall
 from capture_proxy.store.models import Call, Episode, Export, utcnow
 from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 from capture_proxy.store.records import (
@@ -199,6 +200,7 @@ class Store:
                             status="admitted",
                             admitted_seq=seq,
                             model=admission.model,
+                            continuation=admission.continuation,
                         )
                     )
         except SQLAlchemyError as exc:
@@ -232,6 +234,7 @@ class Store:
                             prompt_tokens=len(gen.prompt_token_ids),
                             completion_tokens=len(gen.completion_token_ids),
                             usage=gen.usage,
+                            reply_hash=gen.reply_hash,
                             completed_at=utcnow(),
                         )
                     )
@@ -287,6 +290,48 @@ class Store:
                 select(Call).where(Call.episode_id == episode_id).order_by(Call.admitted_seq)
             )
             return [_call_info(c) for c in calls]
+
+    async def prior_calls(self, episode_id: str, agent_id: str | None) -> list[PriorCall]:
+        """The agent's completed chat calls with message hashes (unlabelled = one agent)."""
+        agent = Call.agent_id.is_(None) if agent_id is None else Call.agent_id == agent_id
+        async with self._sessions() as session:
+            rows = await session.execute(
+                select(
+                    Call.call_id, Call.completed_seq, Call.role, Call.continuation, Call.reply_hash
+                )
+                .where(
+                    Call.episode_id == episode_id,
+                    Call.status == "completed",
+                    Call.endpoint == "chat",
+                    agent,
+                )
+                .order_by(Call.completed_seq)
+            )
+            priors = []
+            for call_id, completed_seq, role, continuation, reply_hash in rows:
+                info = continuation or {}
+                if "prefix_hash" not in info:
+                    continue
+                priors.append(
+                    PriorCall(
+                        call_id=call_id,
+                        completed_seq=int(completed_seq or 0),
+                        role=role,
+                        messages=int(info["messages"]),
+                        prefix_hash=str(info["prefix_hash"]),
+                        reply_hash=reply_hash,
+                        tools_hash=str(info.get("tools_hash", "")),
+                    )
+                )
+            return priors
+
+    async def call_tokens(self, call_id: str) -> tuple[list[int], list[int]]:
+        """A call's exact prompt ids and sampled ids."""
+        async with self._sessions() as session:
+            call = await session.get(Call, call_id)
+            if call is None:
+                raise NotFound(f"call {call_id!r} not found", param="call_id")
+            return unpack_ids(call.prompt_token_ids), unpack_ids(call.completion_token_ids)
 
     async def outstanding(self, episode_id: str) -> list[str]:
         async with self._sessions() as session:
@@ -397,6 +442,7 @@ class Store:
                         "prompt_token_ids": unpack_ids(c.prompt_token_ids),
                         "completion_token_ids": unpack_ids(c.completion_token_ids),
                         "completion_logprobs": unpack_logprobs(c.completion_logprobs),
+                        "continuation": c.continuation,
                     }
                     for c in calls
                 ],

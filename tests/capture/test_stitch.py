@@ -21,11 +21,11 @@ from capture_proxy.stitch import (
 EOT = 9  # the end-of-turn id of these hand-made sequences
 NL = 5  # the template's trailer after it
 
-SYSTEM = {"role": "system", "content": "sys"}
-USER = {"role": "user", "content": "count"}
+SYSTEM: dict[str, Any] = {"role": "system", "content": "sys"}
+USER: dict[str, Any] = {"role": "user", "content": "count"}
 CALL = {"id": "x1", "type": "function", "function": {"name": "look", "arguments": '{"shelf": 1}'}}
-REPLY = {"role": "assistant", "content": None, "tool_calls": [CALL]}
-RESULT = {"role": "tool", "tool_call_id": "x1", "content": "3 fruits"}
+REPLY: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+RESULT: dict[str, Any] = {"role": "tool", "tool_call_id": "x1", "content": "3 fruits"}
 TOOLS = tools_hash({"tools": [{"type": "function", "function": {"name": "look"}}]})
 
 

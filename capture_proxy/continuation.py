@@ -1,0 +1,342 @@
+"""Exact-token continuation around the capture path: plan a call, route it, record its reply.
+
+``Continuations.plan`` decides (capture_proxy/stitch.py) whether a chat request continues one of
+the agent's recorded calls and, in ``stitch`` mode, builds the stitched prompt from two renders.
+A stitched call goes through vLLM's token-in path: ``/inference/v1/generate`` with the stitched
+ids, each answer (or streamed chunk) turned back into an ordinary chat completion by
+``/v1/chat/completions/derender`` (vLLM's own tool-call parser). The result is shaped like vLLM's
+chat answer (``prompt_token_ids`` = the stitched ids, ``token_ids``, ``logprobs.content``), so
+capture and scrubbing are the same as on the pass-through path. Everything else passes through.
+
+Per call, ``calls.continuation`` records the mode, the message hashes, whether it was stitched and
+why not, and the call it extends (the drift report, :func:`drift_report`, is computed from it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from capture_proxy.capture import Endpoint
+from capture_proxy.settings import Settings
+from capture_proxy.stitch import (
+    Extends,
+    FallbackReason,
+    Fresh,
+    ReplyAccumulator,
+    Stitched,
+    chain,
+    chain_next,
+    choose_base,
+    reply_message,
+    stitch_prompt,
+    tools_hash,
+)
+from capture_proxy.store.records import Generation
+from capture_proxy.store.repository import Store
+from capture_proxy.upstream import TOKENIZE, Upstream, UpstreamReply, sse_events
+
+#: Statuses with which vLLM refuses the scale-out routes when they are not enabled.
+_UNAVAILABLE = {403, 404, 405, 501}
+_STREAM_ONLY = ("stream", "stream_options")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """A stitched call, ready for the token-in path."""
+
+    prompt_ids: list[int]
+    generate_body: dict[str, Any]
+    chat_request: dict[str, Any]  # the prepared chat body, for derender's parsers
+
+
+@dataclass(slots=True)
+class Plan:
+    record: dict[str, Any] | None  # stored in calls.continuation
+    prefix_hash: str | None = None
+    token: TokenRequest | None = None
+    replies: ReplyAccumulator = field(default_factory=ReplyAccumulator)
+
+
+class _TokenPathUnavailable(Exception):
+    pass
+
+
+class Continuations:
+    def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
+        self.mode = settings.continuation
+        self.end_of_turn = settings.end_of_turn_token
+        self.store = store
+        self.upstream = upstream
+        self._eot_id: int | None = None
+
+    # -- planning ---------------------------------------------------------------------------
+
+    async def plan(
+        self, episode_id: str, endpoint: Endpoint, agent_id: str | None, body: dict[str, Any]
+    ) -> Plan:
+        if endpoint != "chat":
+            return Plan({"mode": self.mode, "stitched": False, "reason": "not_chat"})
+        messages: list[dict[str, Any]] = body["messages"]
+        hashes = chain(messages)
+        tools = tools_hash(body)
+        record: dict[str, Any] = {
+            "mode": self.mode,
+            "messages": len(messages),
+            "prefix_hash": hashes[-1],
+            "tools_hash": tools,
+            "stitched": False,
+            "reason": None,
+            "base_call_id": None,
+        }
+        plan = Plan(record, prefix_hash=hashes[-1])
+        choice = choose_base(await self.store.prior_calls(episode_id, agent_id), hashes, tools)
+        if isinstance(choice, Fresh):
+            record["reason"] = choice.reason
+            record["base_call_id"] = choice.base.call_id if choice.base else None
+            return plan
+        record["base_call_id"] = choice.base.call_id
+        if self.mode == "passthrough":
+            record["reason"] = "passthrough_mode"
+            return plan
+        try:
+            token = await self._stitch(body, choice)
+        except _TokenPathUnavailable:
+            token = "token_path_unavailable"
+        if isinstance(token, str):
+            record["reason"] = token
+            return plan
+        request, stitched = token
+        record |= {
+            "stitched": True,
+            "base_len": stitched.base_len,
+            "suffix_len": len(stitched.trailer) + len(stitched.suffix),
+        }
+        plan.token = request
+        return plan
+
+    async def _render(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        reply = await self.upstream.render_chat(body)
+        if reply.status_code in _UNAVAILABLE:
+            raise _TokenPathUnavailable
+        if reply.status_code >= 400 or not isinstance(reply.body, dict):
+            return None
+        return reply.body
+
+    async def _end_of_turn_id(self, model: Any) -> int:
+        if self._eot_id is None:
+            reply = await self.upstream.post_json(
+                TOKENIZE, {"model": model, "prompt": self.end_of_turn, "add_special_tokens": False}
+            )
+            tokens = reply.body.get("tokens") if isinstance(reply.body, dict) else None
+            if reply.status_code >= 400 or not tokens or len(tokens) != 1:
+                raise _TokenPathUnavailable
+            self._eot_id = int(tokens[0])
+        return self._eot_id
+
+    async def _stitch(
+        self, body: dict[str, Any], choice: Extends
+    ) -> tuple[TokenRequest, Stitched] | FallbackReason:
+        whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
+        full = await self._render(body)
+        head = await self._render(
+            whole
+            | {
+                "messages": body["messages"][: choice.base.messages + 1],
+                "add_generation_prompt": False,
+                "continue_final_message": False,
+            }
+        )
+        if full is None or head is None:
+            return "render_failed"
+        prompt, completion = await self.store.call_tokens(choice.base.call_id)
+        eot = await self._end_of_turn_id(body.get("model"))
+        stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full["token_ids"])
+        if isinstance(stitched, Fresh):
+            return stitched.reason
+        sampling = dict(full["sampling_params"])
+        grown = len(stitched.prompt_ids) - len(full["token_ids"])
+        explicit = body.get("max_tokens") is not None or body.get("max_completion_tokens")
+        if not explicit and grown > 0 and isinstance(sampling.get("max_tokens"), int):
+            sampling["max_tokens"] = max(1, sampling["max_tokens"] - grown)
+        if sampling.get("logprobs") is None:
+            sampling["logprobs"] = 0  # the sampled token's own logprob
+        generate = {
+            "request_id": full.get("request_id"),
+            "token_ids": stitched.prompt_ids,
+            "sampling_params": sampling,
+            "model": full.get("model"),
+            "stream": bool(body.get("stream")),
+        }
+        if body.get("stream"):
+            generate["stream_options"] = full.get("stream_options") or {"include_usage": False}
+        request = TokenRequest(stitched.prompt_ids, generate, body if body.get("stream") else whole)
+        return request, stitched
+
+    # -- routing ----------------------------------------------------------------------------
+
+    async def post_json(self, plan: Plan | None, path: str, body: dict[str, Any]) -> UpstreamReply:
+        if plan is None or plan.token is None:
+            return await self.upstream.post_json(path, body)
+        token = plan.token
+        reply = await self.upstream.generate(token.generate_body)
+        if reply.status_code >= 400:
+            return reply
+        derendered = await self.upstream.derender_chat(
+            {
+                "generate_response": reply.body,
+                "chat_request": token.chat_request,
+                "prompt_token_ids": token.prompt_ids,
+                "prompt_tokens": len(token.prompt_ids),
+            }
+        )
+        if derendered.status_code >= 400:
+            return derendered
+        return UpstreamReply(200, chat_answer(derendered.body, reply.body, token.prompt_ids))
+
+    async def open_stream(
+        self, plan: Plan | None, path: str, body: dict[str, Any]
+    ) -> httpx.Response:
+        if plan is None or plan.token is None:
+            return await self.upstream.open_stream(path, body)
+        response = await self.upstream.open_generate_stream(plan.token.generate_body)
+        if response.status_code >= 400:
+            return response
+        return httpx.Response(200, stream=_DerenderedStream(self.upstream, response, plan.token))
+
+    # -- recording --------------------------------------------------------------------------
+
+    def replies(
+        self, plan: Plan | None, generations: list[Generation], answer: Any = None
+    ) -> list[Generation]:
+        """Attach to each choice the hash of its request plus the assistant message returned."""
+        if plan is None or plan.prefix_hash is None:
+            return generations
+        prefix = plan.prefix_hash
+        if isinstance(answer, dict):
+            choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
+            messages = [reply_message(c) for c in choices]
+        else:
+            messages = [plan.replies.message(i) for i in range(len(generations))]
+        return [
+            replace(gen, reply_hash=chain_next(prefix, message))
+            for gen, message in zip(generations, messages, strict=False)
+        ]
+
+
+def chat_answer(
+    derendered: dict[str, Any], generated: dict[str, Any], prompt_ids: list[int]
+) -> dict[str, Any]:
+    """A derendered chat completion with vLLM's chat capture fields, as the pass-through gives."""
+    answer = dict(derendered)
+    answer["prompt_token_ids"] = prompt_ids
+    if generated.get("usage"):
+        answer["usage"] = generated["usage"]
+    sampled = {c.get("index", 0): c for c in generated.get("choices") or []}
+    for choice in answer.get("choices") or []:
+        source = sampled.get(choice.get("index", 0), {})
+        choice["token_ids"] = source.get("token_ids") or []
+        called = bool((choice.get("message") or {}).get("tool_calls"))
+        if called and choice.get("finish_reason") == "stop":
+            choice["finish_reason"] = "tool_calls"  # as vLLM's chat endpoint reports it
+    return answer
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class _DerenderedStream(httpx.AsyncByteStream):
+    """The engine's token stream, derendered chunk by chunk into chat completion chunks."""
+
+    def __init__(self, upstream: Upstream, response: httpx.Response, token: TokenRequest) -> None:
+        self.upstream = upstream
+        self.response = response
+        self.token = token
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        states: dict[int, Any] = {}
+        first = True
+        async for data in sse_events(self.response):
+            if data.strip() == "[DONE]":
+                yield b"data: [DONE]\n\n"
+                return
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict) or "choices" not in chunk:
+                yield _sse(chunk if isinstance(chunk, dict) else {"error": {"message": data}})
+                continue
+            indices = [int(c.get("index", 0)) for c in chunk["choices"]]
+            index = indices[0] if indices else 0
+            reply = await self.upstream.derender_chat(
+                {
+                    "stream": True,
+                    "generate_chunk": chunk,
+                    "stream_state": states.get(index),
+                    "chat_request": self.token.chat_request,
+                    "prompt_token_ids": self.token.prompt_ids,
+                    "prompt_tokens": len(self.token.prompt_ids),
+                }
+            )
+            if reply.status_code >= 400 or not isinstance(reply.body, dict):
+                yield _sse({"error": reply.body.get("error") if reply.status_code >= 400 else {}})
+                return
+            states[index] = reply.body["stream_state"]
+            out: dict[str, Any] = reply.body["chunk"]
+            if first:
+                out["prompt_token_ids"] = self.token.prompt_ids
+                first = False
+            sampled = {int(c.get("index", 0)): c for c in chunk["choices"]}
+            for choice in out.get("choices") or []:
+                source = sampled.get(int(choice.get("index", 0)), {})
+                choice["token_ids"] = source.get("token_ids") or []
+                choice["logprobs"] = source.get("logprobs")
+            if chunk.get("usage"):
+                out["usage"] = chunk["usage"]
+            yield _sse(out)
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+# -- the drift report ---------------------------------------------------------------------------
+
+
+def drift_report(calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per episode: stitched vs fresh renders and why; how many continuations stayed token prefixes.
+
+    ``calls`` are bundle calls (docs/formats.md) with their ``continuation`` records. A
+    *continuation* is a chat call whose messages extend a recorded call of its agent; it is a
+    *token prefix* when that call's prompt + completion is a prefix of its prompt.
+    """
+    by_id = {c["call_id"]: c for c in calls}
+    fresh: Counter[str] = Counter()
+    stitched = continuations = token_prefix = 0
+    modes: Counter[str] = Counter()
+    for call in calls:
+        info = call.get("continuation")
+        if not info or info.get("reason") == "not_chat":
+            continue
+        modes[str(info.get("mode"))] += 1
+        if info.get("stitched"):
+            stitched += 1
+        else:
+            fresh[str(info.get("reason"))] += 1
+        base = by_id.get(info.get("base_call_id") or "")
+        if base is None or call.get("status") != "completed":
+            continue
+        continuations += 1
+        full = list(base["prompt_token_ids"]) + list(base["completion_token_ids"])
+        if list(call["prompt_token_ids"][: len(full)]) == full:
+            token_prefix += 1
+    return {
+        "modes": dict(modes),
+        "stitched": stitched,
+        "fresh": dict(sorted(fresh.items())),
+        "continuations": continuations,
+        "token_prefix_continuations": token_prefix,
+    }
