@@ -247,6 +247,34 @@ def chat_answer(
     return answer
 
 
+def chat_logprobs(generated: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Generate-format logprobs (``{token_id, logprob, rank}``) in the chat shape a harness expects.
+
+    The token-in path has no token strings; they are given as ``"token_id:<id>"``, vLLM's own
+    spelling for ``--return-tokens-as-token-ids``.
+    """
+    if not isinstance(generated, dict) or generated.get("content") is None:
+        return None
+    return {
+        "content": [
+            {
+                "token": f"token_id:{item['token_id']}",
+                "logprob": item["logprob"],
+                "bytes": None,
+                "top_logprobs": [
+                    {
+                        "token": f"token_id:{top['token_id']}",
+                        "logprob": top["logprob"],
+                        "bytes": None,
+                    }
+                    for top in item.get("top_logprobs") or []
+                ],
+            }
+            for item in generated["content"]
+        ]
+    }
+
+
 def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
@@ -294,7 +322,7 @@ class _DerenderedStream(httpx.AsyncByteStream):
             for choice in out.get("choices") or []:
                 source = sampled.get(int(choice.get("index", 0)), {})
                 choice["token_ids"] = source.get("token_ids") or []
-                choice["logprobs"] = source.get("logprobs")
+                choice["logprobs"] = chat_logprobs(source.get("logprobs"))
             if chunk.get("usage"):
                 out["usage"] = chunk["usage"]
             yield _sse(out)

@@ -1,0 +1,51 @@
+"""What a harness receives from the token-in path has the chat shape of the pass-through path."""
+
+from __future__ import annotations
+
+from capture_proxy.capture import StreamCapture
+from capture_proxy.continuation import chat_answer, chat_logprobs
+
+
+def test_generate_logprobs_become_chat_logprobs() -> None:
+    generated = {
+        "content": [
+            {"token_id": 17, "logprob": -0.25, "rank": 1, "top_logprobs": []},
+            {
+                "token_id": 4,
+                "logprob": -1.5,
+                "rank": 2,
+                "top_logprobs": [{"token_id": 9, "logprob": -0.5}],
+            },
+        ]
+    }
+    chat = chat_logprobs(generated)
+    assert chat == {
+        "content": [
+            {"token": "token_id:17", "logprob": -0.25, "bytes": None, "top_logprobs": []},
+            {
+                "token": "token_id:4",
+                "logprob": -1.5,
+                "bytes": None,
+                "top_logprobs": [{"token": "token_id:9", "logprob": -0.5, "bytes": None}],
+            },
+        ]
+    }
+    assert chat_logprobs(None) is None and chat_logprobs({"content": None}) is None
+    # the capture reads the same numbers from the chat shape
+    capture = StreamCapture("chat", 1)
+    capture.feed({"prompt_token_ids": [1, 2]})
+    capture.feed({"choices": [{"index": 0, "token_ids": [17, 4], "logprobs": chat}]})
+    [gen] = capture.generations()
+    assert gen.completion_token_ids == [17, 4] and gen.completion_logprobs == [-0.25, -1.5]
+
+
+def test_chat_answer_carries_capture_fields_and_tool_finish_reason() -> None:
+    derendered = {
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"tool_calls": [{"id": "t"}]}}]
+    }
+    generated = {"choices": [{"index": 0, "token_ids": [5, 6]}], "usage": {"total_tokens": 4}}
+    answer = chat_answer(derendered, generated, [1, 2])
+    assert answer["prompt_token_ids"] == [1, 2]
+    assert answer["choices"][0]["token_ids"] == [5, 6]
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"
+    assert answer["usage"] == {"total_tokens": 4}
