@@ -8,12 +8,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 
 from capture_proxy.errors import EpisodeRefused
 from reconstruct.discard import Discards, ineffective_marks
 from reconstruct.forest import Forest
-from reconstruct.records import Accounting, Classification, EpisodeBundle, Row
+from reconstruct.records import Accounting, Classification, Drift, EpisodeBundle, Row
 
 
 def classify(
@@ -38,6 +39,20 @@ def classify(
             cls = "conditioning_only"
         out[call.call_id] = cls
     return out
+
+
+def drift(bundle: EpisodeBundle, forest: Forest) -> Drift:
+    """Continued vs fresh contexts (forest) and stitched vs fresh renders (proxy records)."""
+    roots = sum(1 for parent in forest.parent if parent is None)
+    records = [c.continuation for c in bundle.calls if c.continuation is not None]
+    fresh = Counter(r.reason or "unknown" for r in records if not r.stitched)
+    fresh.pop("not_chat", None)
+    return Drift(
+        continued=len(forest.nodes) - roots,
+        fresh_contexts=roots,
+        stitched=sum(1 for r in records if r.stitched),
+        fresh_renders=dict(fresh),
+    )
 
 
 def build_accounting(
@@ -69,6 +84,7 @@ def build_accounting(
             for call in bundle.calls
             if classification[call.call_id] == "trained"
         ),
+        drift=drift(bundle, forest),
     )
     check_accounting(accounting)
     return accounting

@@ -49,6 +49,22 @@ def _frozen_floats(values: Any) -> FloatArray:
     return array
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """How the proxy built a chat call's prompt (exact-token continuation, DESIGN §8).
+
+    ``stitched``: the prompt is ``base_call_id``'s exact prompt + completion + the template's
+    tokens for the new messages; otherwise ``reason`` says why it was rendered fresh.
+    """
+
+    stitched: bool
+    reason: str | None = None
+    base_call_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stitched": self.stitched, "reason": self.reason, "base_call_id": self.base_call_id}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class CallRecord:
     """One admitted model call of an episode (one choice of an ``n > 1`` request)."""
@@ -65,9 +81,10 @@ class CallRecord:
     prompt_token_ids: IntArray
     completion_token_ids: IntArray
     completion_logprobs: FloatArray
+    continuation: Continuation | None = None  # absent from bundles without stitching records
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "call_id": self.call_id,
             "agent_id": self.agent_id,
             "parent_agent_id": self.parent_agent_id,
@@ -81,6 +98,9 @@ class CallRecord:
             "completion_token_ids": self.completion_token_ids.tolist(),
             "completion_logprobs": self.completion_logprobs.tolist(),
         }
+        if self.continuation is not None:
+            out["continuation"] = self.continuation.to_dict()
+        return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -161,6 +181,30 @@ class MarkNote:
 
 
 @dataclass(frozen=True, slots=True)
+class Drift:
+    """Re-tokenisation drift of one episode (issue 7's drift report, from the forest's view).
+
+    ``continued``: completed calls whose prompt extends an earlier call's exact tokens (they
+    have a parent); ``fresh_contexts``: completed calls that start a context (roots). From the
+    proxy's records: ``stitched`` calls and fresh renders by ``reason`` (empty when the bundle
+    carries no continuation records).
+    """
+
+    continued: int
+    fresh_contexts: int
+    stitched: int
+    fresh_renders: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "continued": self.continued,
+            "fresh_contexts": self.fresh_contexts,
+            "stitched": self.stitched,
+            "fresh_renders": dict(sorted(self.fresh_renders.items())),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Accounting:
     """Where every admitted call went (DESIGN §5.7).
 
@@ -179,6 +223,7 @@ class Accounting:
     row_tokens: int
     owned_tokens: int
     reference_tokens: int
+    drift: Drift
 
     @property
     def counts(self) -> dict[str, int]:
@@ -200,6 +245,7 @@ class Accounting:
             "row_tokens": self.row_tokens,
             "owned_tokens": self.owned_tokens,
             "reference_tokens": self.reference_tokens,
+            "drift": self.drift.to_dict(),
         }
 
 
@@ -337,6 +383,24 @@ def parse_call(data: Any, index: int) -> CallRecord:
         prompt_token_ids=prompt,
         completion_token_ids=completion,
         completion_logprobs=logprobs,
+        continuation=_continuation(data.get("continuation"), where),
+    )
+
+
+def _continuation(value: Any, where: str) -> Continuation | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not isinstance(value.get("stitched"), bool):
+        raise InvalidBundle(
+            f"{where}: field 'continuation' must be an object with a boolean 'stitched'",
+            param="continuation",
+        )
+    return Continuation(
+        stitched=value["stitched"],
+        reason=_str(value.get("reason"), "continuation.reason", where, nullable=True),
+        base_call_id=_str(
+            value.get("base_call_id"), "continuation.base_call_id", where, nullable=True
+        ),
     )
 
 
