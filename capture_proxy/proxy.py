@@ -33,8 +33,9 @@ from capture_proxy.capture import (
 )
 from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
+from capture_proxy.metrics import Metrics
 from capture_proxy.settings import Settings
-from capture_proxy.store.records import Admission
+from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream, error_body_from, sse_events
 
@@ -72,6 +73,9 @@ class CaptureService:
         self.store = store
         self.upstream = upstream
         self._in_flight: dict[str, _InFlight] = {}
+        self.metrics = Metrics(
+            in_flight=lambda: sum(len(e.call_ids) for e in self._in_flight.values())
+        )
         self.continuations = Continuations(settings, store, upstream)
         self.links = AgentLinks(settings.attribution.remembered_episodes)
 
@@ -131,6 +135,7 @@ class CaptureService:
                 continuation=plan.record,
             ),
         )
+        self.metrics.admitted(endpoint, n, plan.record)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
         entry = _InFlight(episode_id, call_ids, plan=plan)
         self._in_flight[request_id] = entry
@@ -144,7 +149,13 @@ class CaptureService:
 
     async def _fail(self, entry: _InFlight, status: str, reason: str) -> None:
         with anyio.CancelScope(shield=True):
-            await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
+            moved = await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
+        self.metrics.finished(status, moved)
+
+    async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
+        done = await self.store.complete(entry.episode_id, entry.call_ids, generations)
+        self.metrics.finished("completed", len(entry.call_ids) if done else 0)
+        return done
 
     async def _whole(
         self,
@@ -175,7 +186,7 @@ class CaptureService:
                 return JSONResponse(reply.body, status_code=reply.status_code, headers=headers)
             generations = generations_from_response(endpoint, reply.body, n)
             generations = self.continuations.replies(entry.plan, generations, reply.body)
-            if not await self.store.complete(entry.episode_id, entry.call_ids, generations):
+            if not await self._complete(entry, generations):
                 raise Conflict("the episode was closed while this call ran; call cancelled")
             return JSONResponse(scrub(reply.body, wants), headers=headers)
         except CaptureProxyError as exc:
@@ -245,7 +256,7 @@ class CaptureService:
             else:
                 raise UpstreamError("the engine's stream ended without [DONE]")
             generations = self.continuations.replies(entry.plan, capture.generations())
-            if await self.store.complete(entry.episode_id, entry.call_ids, generations):
+            if await self._complete(entry, generations):
                 settled = True
                 yield b"data: [DONE]\n\n"
             else:
@@ -267,4 +278,4 @@ class CaptureService:
                 await response.aclose()
                 if not settled:
                     reason = CANCELLED_BY_CLOSE if entry.cancelled.is_set() else CLIENT_DISCONNECTED
-                    await self.store.finish(entry.episode_id, entry.call_ids, "cancelled", reason)
+                    await self._fail(entry, "cancelled", reason)

@@ -389,3 +389,33 @@ async def test_fifty_concurrent_calls_across_ten_episodes(proxy: ProxyServer) ->
             assert seqs == list(range(1, 11))  # one gap-free episode-wide counter
             seen |= {c["call_id"] for c in bundle["calls"]}
         assert seen == set(call_ids)
+
+
+async def test_metrics_count_admissions_terminal_states_and_prompt_construction(
+    proxy: ProxyServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=proxy.url) as client:
+        ep = await _episode(client)
+        url = f"/episodes/{ep}/v1/chat/completions"
+        assert (await client.post(url, json={"model": "fake", "messages": CHAT})).status_code == 200
+        await client.post(url, json={"model": "fake-error-500", "messages": CHAT})
+        completions = f"/episodes/{ep}/v1/completions"
+        await client.post(completions, json={"model": "fake", "prompt": [1, 2], "n": 2})
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in response.text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['capture_calls_admitted_total{endpoint="chat"}'] == 2
+    assert samples['capture_calls_admitted_total{endpoint="completions"}'] == 2
+    assert samples['capture_calls_finished_total{status="completed"}'] == 3
+    assert samples['capture_calls_finished_total{status="failed"}'] == 1
+    fresh = {
+        k: v for k, v in samples.items() if k.startswith('capture_continuation_total{kind="fresh"')
+    }
+    assert sum(fresh.values()) == 2  # chat calls only; neither extends an earlier answer
+    assert fresh['capture_continuation_total{kind="fresh",reason="no_previous_call"}'] == 1
+    assert samples["capture_calls_in_flight"] == 0
