@@ -2,9 +2,11 @@
 
     capture-proxy train-step --rows ROWS --model DIR --out DIR [--json] [--lr LR]
                              [--micro-batch-size N] [--normalize-std] [--max-grad-norm X]
-                             [--clip-eps E] [--loss NAME]
+                             [--clip-eps E] [--loss NAME] [--optimizer NAME] [--workers N]
 
 ``ROWS`` is a JSON-lines file, a Parquet file or a directory of Parquet files (docs/formats.md).
+With ``--workers N`` the step runs on N Ray Train workers (``ray_learner``; Parquet rows only) on
+the Ray cluster named by ``RAY_ADDRESS``, else on a local one.
 Exit codes: 0 done, 1 the rows or model cannot be trained (message on stderr), 2 usage.
 """
 
@@ -30,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--loss", default="clipped_pg", help="loss variant (trainer_bridge.loss.LOSSES)")
+    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (learner.OPTIMIZERS)")
+    p.add_argument("--workers", type=int, default=None, help="run on N Ray Train workers")
     return p
 
 
@@ -48,9 +52,10 @@ def _print_table(stats: dict[str, object]) -> None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    if args.micro_batch_size is not None and args.micro_batch_size < 1:
-        print("train-step: --micro-batch-size must be positive", file=sys.stderr)
-        return 2
+    for name in ("micro_batch_size", "workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            print(f"train-step: --{name.replace('_', '-')} must be positive", file=sys.stderr)
+            return 2
 
     # Imported here: `capture-proxy --help` must not import torch.
     from trainer_bridge.batch import collate
@@ -60,6 +65,7 @@ def main(argv: list[str]) -> int:
     from trainer_bridge.rows_io import read_rows
 
     config = LearnerConfig(
+        optimizer=args.optimizer,
         lr=args.lr,
         max_grad_norm=args.max_grad_norm,
         micro_batch_size=args.micro_batch_size,
@@ -67,11 +73,19 @@ def main(argv: list[str]) -> int:
     )
     started = time.perf_counter()
     try:
-        rows = read_rows(args.rows)
-        batch = with_advantages(collate(rows), normalize_std=args.normalize_std)
-        learner = Learner.from_dir(args.model, config)
-        stats = learner.step(batch).as_dict()
-        learner.save(args.out)
+        if args.workers is not None:
+            from trainer_bridge.ray_learner import RayStepConfig, ray_train_step
+
+            ray_config = RayStepConfig(
+                num_workers=args.workers, normalize_std=args.normalize_std, learner=config
+            )
+            stats = ray_train_step(args.rows, args.model, args.out, ray_config).as_dict()
+        else:
+            rows = read_rows(args.rows)
+            batch = with_advantages(collate(rows), normalize_std=args.normalize_std)
+            learner = Learner.from_dir(args.model, config)
+            stats = learner.step(batch).as_dict()
+            learner.save(args.out)
     except TrainerError as exc:
         print(f"train-step: {type(exc).__name__}: {exc.message}", file=sys.stderr)
         return 1

@@ -42,7 +42,7 @@ ROWS_DATASET = "rows"
 @dataclass(frozen=True, slots=True)
 class RayStepConfig:
     num_workers: int = 2
-    cpus_per_worker: float = 0.5  # leave CPU for Ray Data's read tasks on small machines
+    cpus_per_worker: float = 1.0
     torch_threads: int = 1  # per worker
     normalize_std: bool = False
     storage_path: str | None = None  # Ray Train run directory; a temporary one if None
@@ -89,6 +89,33 @@ def shard_batch(records: Sequence[Mapping[str, Any]]) -> TrainBatch:
     per_row = {str(r["row_id"]): float(r[ADVANTAGE_COLUMN]) for r in records}
     advantage = torch.tensor([per_row[i] for i in batch.row_ids], dtype=torch.float32)  # [B]
     return dataclasses.replace(batch, advantages=advantage[:, None] * batch.loss_mask)  # [B, T]
+
+
+def _exact_split_config() -> Any:
+    """Ray Train's data config, but every row reaches exactly one worker.
+
+    The default ``DataConfig`` splits with ``streaming_split(n, equal=True)``, which drops rows
+    to make the shards equal: a silent change of the update. This split keeps every row (shards
+    may differ by a few rows, or be empty; the worker loop handles both).
+    """
+    from ray.train import DataConfig
+
+    class ExactSplit(DataConfig):
+        def configure(
+            self,
+            datasets: dict[str, ray.data.Dataset],
+            world_size: int,
+            worker_handles: Any,
+            worker_node_ids: Any,
+            **kwargs: Any,
+        ) -> list[dict[str, Any]]:
+            output: list[dict[str, Any]] = [{} for _ in range(world_size)]
+            for name, ds in datasets.items():
+                for rank, split in enumerate(ds.streaming_split(world_size, equal=False)):
+                    output[rank][name] = split
+            return output
+
+    return ExactSplit()
 
 
 def _train_loop(config: dict[str, Any]) -> None:
@@ -176,9 +203,11 @@ def ray_train_step(
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
 
-    ds, num_episodes = with_advantage_column(
-        read_rows_dataset(rows_path), normalize_std=config.normalize_std
-    )
+    # Materialised on the driver before the workers start: the rows of one step must fit in
+    # the workers anyway, and Ray Data's tasks then never wait for CPUs the workers hold.
+    rows = read_rows_dataset(rows_path).materialize()
+    ds, num_episodes = with_advantage_column(rows, normalize_std=config.normalize_std)
+    ds = ds.materialize()
     with tempfile.TemporaryDirectory(prefix="ray-train-") as scratch:
         trainer = TorchTrainer(
             _train_loop,
@@ -196,6 +225,7 @@ def ray_train_step(
             ),
             run_config=RunConfig(name="train-step", storage_path=config.storage_path or scratch),
             datasets={ROWS_DATASET: ds},
+            dataset_config=_exact_split_config(),
         )
         result = trainer.fit()
         if result.error is not None:

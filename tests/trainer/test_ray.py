@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.rowkit import simple_rows
+from capture_proxy.cli import main as capture_proxy
+from tests.trainer.rowkit import make_row, simple_rows, token_ids
 from trainer_bridge.batch import collate
 from trainer_bridge.grpo import with_advantages
 from trainer_bridge.learner import Learner, LearnerConfig
-from trainer_bridge.ray_learner import RayStepConfig, ray_train_step
 from trainer_bridge.rows_io import write_parquet
 
 ray = pytest.importorskip("ray")
@@ -37,9 +37,11 @@ def ray_cluster() -> Iterator[None]:
 
 @pytest.mark.slow
 def test_two_ray_workers_equal_one_learner(
-    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: None, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rows = simple_rows(num_episodes=4, rows_per_episode=3)
+    # 13 rows: Ray Train's default split (equal=True) would silently drop one to even the shards.
+    extra = make_row("ep0/9", "ep0", "g0", 0.0, token_ids(11, seed=7), [(3, 11)], logprob=-6.0)
+    rows = [*simple_rows(num_episodes=4, rows_per_episode=3), extra]
     rows_dir = tmp_path / "rows"
     rows_dir.mkdir()
     write_parquet(rows[:7], rows_dir / "part-0.parquet")
@@ -51,20 +53,20 @@ def test_two_ray_workers_equal_one_learner(
     one = Learner.from_dir(tiny_model_dir, exact)
     want = one.step(with_advantages(collate(rows)))
 
-    got = ray_train_step(
-        rows_dir,
-        tiny_model_dir,
-        tmp_path / "out",
-        RayStepConfig(num_workers=2, learner=dataclasses.replace(exact, micro_batch_size=2)),
-    )
-    assert (got.rows, got.episodes, got.owned_tokens) == (
+    # Through the CLI (`train-step --workers 2`), on the cluster started by the fixture.
+    argv = ["train-step", "--rows", str(rows_dir), "--model", str(tiny_model_dir)]
+    argv += ["--out", str(tmp_path / "out"), "--json", "--workers", "2", "--optimizer", "sgd"]
+    argv += ["--lr", "0.5", "--max-grad-norm", "inf", "--micro-batch-size", "2"]
+    assert capture_proxy(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["rows"], got["episodes"], got["owned_tokens"]) == (
         want.rows,
         want.episodes,
         want.owned_tokens,
     )
-    assert got.micro_batches >= 12 // 2  # summed over ranks: each runs ⌈its rows / 2⌉
+    assert got["micro_batches"] >= 13 // 2  # summed over ranks: each runs ⌈its rows / 2⌉
     for field in ("loss", "grad_norm", "clip_fraction", "approx_kl", "mean_ratio"):
-        assert getattr(got, field) == pytest.approx(getattr(want, field), rel=1e-5, abs=1e-6)
+        assert got[field] == pytest.approx(getattr(want, field), rel=1e-5, abs=1e-6), field
 
     two = Learner.from_dir(tmp_path / "out")
     assert (tmp_path / "out" / "tokenizer_config.json").is_file()
