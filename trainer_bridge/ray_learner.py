@@ -1,10 +1,11 @@
 """The learner step beyond one process: Ray Data reads the rows, Ray Train runs the workers.
 
     driver:  ray.data.read_parquet(rows) ─▶ episode table ─▶ GRPO advantages (grpo.py)
-             ─▶ map_batches adds an ``advantage`` column ─▶ TorchTrainer(N workers, gloo)
+             ─▶ map_batches adds an ``advantage`` column ─▶ materialise
+             ─▶ TorchTrainer(N workers, gloo), every row to exactly one worker
     worker:  its shard ─▶ TrainBatch ─▶ all-reduce the owned-token count (global N)
              ─▶ Learner.accumulate(num_tokens=N) under DDP ─▶ clip + optimizer step
-             ─▶ rank 0 saves the model
+             ─▶ rank 0 reports the saved model as a Ray checkpoint ─▶ driver copies it to out_dir
 
 Why the N-worker update equals the 1-worker update: every token's loss is divided by the same
 global owned-token count, so the shard losses add up to the full-batch loss; DDP *averages*
