@@ -101,8 +101,14 @@ def chain(messages: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def tools_hash(body: dict[str, Any]) -> str:
-    payload = {"tools": body.get("tools") or [], "tool_choice": body.get("tool_choice")}
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    """The tool list, as rendered into the system turn.
+
+    ``tool_choice`` is left out: it does not change the prompt (vLLM renders the tools whatever
+    the choice, unless started with ``--exclude-tools-when-tool-choice-none``), only decoding, so
+    a call that keeps the tools with ``tool_choice: "none"`` (a compaction call keeping the
+    prompt cache) still extends the agent's tokens.
+    """
+    text = json.dumps(body.get("tools") or [], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -78,12 +78,15 @@ class AgentClient:
         *,
         seed: int,
         tools: list[dict[str, Any]] | None,
+        tool_choice: str | None,
         forced: str | None,
         stream: bool,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "seed": seed}
         if tools:
             body["tools"] = tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
         if forced is not None:
             body["max_tokens"] = forced_max_tokens(forced)
             body["structured_outputs"] = {"regex": re.escape(forced)}
@@ -102,13 +105,25 @@ class AgentClient:
         *,
         seed: int,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | None = None,
         forced: str | None = None,
         role: Literal["policy", "compaction"] = "policy",
         stream: bool = False,
     ) -> CallTrace:
         """One chat completion through the proxy (the request body is kept verbatim)."""
-        body = self._body(messages, seed=seed, tools=tools, forced=forced, stream=stream)
-        standard = {"model", "messages", "seed", "tools", "max_tokens", "stream", "stream_options"}
+        body = self._body(
+            messages, seed=seed, tools=tools, tool_choice=tool_choice, forced=forced, stream=stream
+        )
+        standard = {
+            "model",
+            "messages",
+            "seed",
+            "tools",
+            "tool_choice",
+            "max_tokens",
+            "stream",
+            "stream_options",
+        }
         kwargs = {k: v for k, v in body.items() if k in standard}
         extra = {k: v for k, v in body.items() if k not in standard}
         headers = {"X-Call-Role": role} if role != "policy" else {}

@@ -4,7 +4,8 @@ Workers mode::
 
     parent.delegate   forced tool calls: task(worker-a), task(worker-b)
     ├─ worker-a  turn0, turn1 (forced `look` calls + tool results), compact (X-Call-Role:
-    │            compaction), turn2 in a fresh context that starts from the summary,
+    │            compaction; same tools, tool_choice "none": it continues worker-a's history),
+    │            turn2 in a fresh context that starts from the summary,
     │            answer — only after worker-b has answered
     └─ worker-b  (starts once worker-a's first call is in flight; streamed) turn0, turn1, answer
     parent.final      history + both answers pasted as tool results (in delegation order)
@@ -182,6 +183,8 @@ async def _worker(
                 step,
                 [*messages, {"role": "user", "content": COMPACTION_PROMPT}],
                 seed=step_seed(run.seed, step),
+                tools=[LOOK_TOOL],  # kept, as harnesses do for prompt-cache reuse: it extends
+                tool_choice="none",  # the worker's exact tokens, but may not call a tool
                 role="compaction",
                 stream=script.stream,
             )

@@ -68,6 +68,20 @@ def test_extension_picks_longest_then_latest() -> None:
     assert choose_base([first], chain(history), TOOLS) == Extends(first)
 
 
+def test_tool_choice_does_not_change_the_tools_hash() -> None:
+    """``tool_choice`` changes decoding, not the rendered prompt: a compaction call that keeps
+    the tools with ``tool_choice: "none"`` still extends the agent's tokens."""
+    tools = [{"type": "function", "function": {"name": "look"}}]
+    assert tools_hash({"tools": tools, "tool_choice": "none"}) == TOOLS
+    assert tools_hash({"tools": tools, "tool_choice": "auto"}) == TOOLS
+    assert tools_hash({"tool_choice": "none"}) != TOOLS
+    first = prior("c1", [SYSTEM, USER], REPLY)
+    summarise = {"role": "user", "content": "Summarise."}
+    compact = chain([SYSTEM, USER, REPLY, RESULT, summarise])
+    none_hash = tools_hash({"tools": tools, "tool_choice": "none"})
+    assert choose_base([first], compact, none_hash) == Extends(first)
+
+
 def test_edited_assistant_tools_changed_compaction_and_unrelated() -> None:
     first = prior("c1", [SYSTEM, USER], REPLY)
     edited = {"role": "assistant", "content": "I looked."}

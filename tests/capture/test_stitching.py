@@ -76,14 +76,20 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     trace, bundle, info = stitched
     report = info["continuation"]
     assert report == drift_report(bundle["calls"])
-    # 10 calls: 3 agent roots, 1 compaction rewrite, the compaction call itself drops the tools
-    # (its system turn re-renders), every other continuation is stitched.
-    assert report["stitched"] == 5
-    assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3, "tools_changed": 1}
-    assert report["token_prefix_continuations"] == 5
+    # 10 calls: 3 agent roots, 1 compaction rewrite, every other continuation is stitched —
+    # the compaction call too (same tools, tool_choice "none": the same rendered system turn).
+    assert report["stitched"] == 6
+    assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3}
+    assert report["token_prefix_continuations"] == 6
     by_step = {c.step: c for c in trace.calls}
     calls = {c["call_id"]: c for c in bundle["calls"]}
-    for step in ("parent.final", "worker-a.turn1", "worker-a.answer", "worker-b.answer"):
+    for step in (
+        "parent.final",
+        "worker-a.turn1",
+        "worker-a.compact",
+        "worker-a.answer",
+        "worker-b.answer",
+    ):
         assert calls[by_step[step].call_id]["continuation"]["stitched"], step
     assert not calls[by_step["worker-a.turn2"].call_id]["continuation"]["stitched"]
 
@@ -123,12 +129,12 @@ def test_stitched_prompt_is_base_plus_completion_plus_rendered_suffix(
             record["completion_token_ids"]
         )
         checked += 1
-    assert checked == 5
+    assert checked == 6
 
 
 def test_stitched_episode_merges_into_context_rows(stitched: Run, passthrough: Run) -> None:
     rows = reconstruct_episode(stitched[1]).accounting.rows
-    assert rows == 5  # 4 contexts; the tool-less compaction call is a root of its own
+    assert rows == 4  # one per context: parent, worker-a before/after compaction, worker-b
     drift = passthrough[2]["continuation"]
     assert drift["stitched"] == 0
     assert drift["continuations"] == 6
