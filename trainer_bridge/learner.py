@@ -79,6 +79,7 @@ class StepStats:
     episodes: int
     micro_batches: int
     lr: float
+    shard_rows: tuple[int, ...] = ()  # rows on each data-parallel worker (one entry: no Ray)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,6 +227,7 @@ class Learner:
             episodes=batch.num_episodes,
             micro_batches=acc.micro_batches,
             lr=self.config.lr,
+            shard_rows=(batch.num_rows,),
         )
 
     def save(self, out_dir: str | Path) -> Path:

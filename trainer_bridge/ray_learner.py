@@ -143,11 +143,13 @@ def _train_loop(config: dict[str, Any]) -> None:
     learner.module = ray.train.torch.prepare_model(learner.model, parallel_strategy="ddp")
     learner.optimizer.zero_grad(set_to_none=True)
 
-    counts = torch.tensor(
-        [batch.owned_tokens if batch else 0, batch.num_rows if batch else 0], dtype=torch.float64
+    local = torch.tensor(
+        [batch.owned_tokens if batch else 0, batch.num_rows if batch else 0], dtype=torch.int64
     )
-    dist.all_reduce(counts)
-    num_tokens, num_rows = int(counts[0]), int(counts[1])
+    per_rank = [torch.zeros_like(local) for _ in range(world_size)]
+    dist.all_gather(per_rank, local)
+    num_tokens = sum(int(c[0]) for c in per_rank)
+    shard_rows = tuple(int(c[1]) for c in per_rank)
     if num_tokens == 0:
         raise TrainerError("the rows own no tokens: nothing to train", param="loss_mask")
 
@@ -171,10 +173,11 @@ def _train_loop(config: dict[str, Any]) -> None:
         approx_kl=float(sums[2]),
         mean_ratio=float(sums[3]),
         owned_tokens=num_tokens,
-        rows=num_rows,
+        rows=sum(shard_rows),
         episodes=config["episodes"],
         micro_batches=int(sums[4]),
         lr=learner_config.lr,
+        shard_rows=shard_rows,
     )
     if rank != 0:
         ray.train.report(stats.as_dict())
@@ -208,7 +211,8 @@ def ray_train_step(
     # the workers anyway, and Ray Data's tasks then never wait for CPUs the workers hold.
     rows = read_rows_dataset(rows_path).materialize()
     ds, num_episodes = with_advantage_column(rows, normalize_std=config.normalize_std)
-    ds = ds.materialize()
+    # At least one block per worker: the split hands out whole blocks, evenly by rows.
+    ds = ds.repartition(config.num_workers).materialize()
     with tempfile.TemporaryDirectory(prefix="ray-train-") as scratch:
         trainer = TorchTrainer(
             _train_loop,
@@ -234,5 +238,6 @@ def ray_train_step(
         if result.checkpoint is None or not result.metrics:
             raise TrainerError("Ray Train step reported no model checkpoint")
         result.checkpoint.to_directory(str(out_dir))
-    metrics = result.metrics
+    metrics = dict(result.metrics)
+    metrics["shard_rows"] = tuple(metrics["shard_rows"])
     return StepStats(**{f.name: metrics[f.name] for f in dataclasses.fields(StepStats)})

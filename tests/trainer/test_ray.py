@@ -65,6 +65,8 @@ def test_two_ray_workers_equal_one_learner(
         want.owned_tokens,
     )
     assert got["micro_batches"] >= 13 // 2  # summed over ranks: each runs ⌈its rows / 2⌉
+    # Both workers really trained: no shard is empty (rows are repartitioned per worker).
+    assert len(got["shard_rows"]) == 2 and min(got["shard_rows"]) >= 4, got["shard_rows"]
     for field in ("loss", "grad_norm", "clip_fraction", "approx_kl", "mean_ratio"):
         assert got[field] == pytest.approx(getattr(want, field), rel=1e-5, abs=1e-6), field
 
