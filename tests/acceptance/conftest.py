@@ -2,8 +2,10 @@
 
 ``captured`` runs the MISSION episode (parent, two overlapping workers, compaction in one, reversed
 completion order, parent resumption) through the proxy on SQLite, closes it, and hands tests the
-harness's trace and the episode bundle. Further episodes (parent-only, unlabelled, a GRPO group)
-are run with ``episode_runner``.
+harness's trace, the episode bundle and the episode's REST view (with its drift report). The proxy
+runs with the default settings — ``continuation: stitch`` (issue 7). Further episodes
+(parent-only, unlabelled, a GRPO group) are run with ``episode_runner``; ``passthrough_runner``
+runs episodes through a second proxy in ``continuation: passthrough`` mode.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from capture_proxy.engine import VLLMServer
@@ -28,6 +31,7 @@ from tests.fixtures.proxy import ProxyServer
 class Captured:
     trace: EpisodeTrace
     bundle: dict[str, Any]
+    info: dict[str, Any]  # GET /episodes/{id}: status, accounting, the drift report
 
     def call(self, step: str) -> dict[str, Any]:
         """The bundle's record of one script step."""
@@ -59,18 +63,29 @@ class EpisodeRunner:
         )
         closed = await close_episode(self.proxy.url, episode_id, reward, wait_s=5.0)
         assert closed.status_code == 200, closed.text
-        return Captured(trace, await fetch_bundle(self.proxy.url, episode_id))
+        async with httpx.AsyncClient(base_url=self.proxy.url, timeout=60) as client:
+            response = await client.get(f"/episodes/{episode_id}")
+        response.raise_for_status()
+        bundle = await fetch_bundle(self.proxy.url, episode_id)
+        return Captured(trace, bundle, response.json())
+
+
+def _proxy(vllm: VLLMServer, store: Path, **settings: Any) -> ProxyServer:
+    config = Settings(
+        store=StoreSettings(url=sqlite_url(store)),
+        upstream=UpstreamSettings(url=vllm.base_url),
+        **settings,
+    )
+    return ProxyServer(config, None).start()
 
 
 @pytest.fixture(scope="module")
 def acceptance_proxy(
     vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProxyServer]:
-    store = sqlite_url(tmp_path_factory.mktemp("acceptance") / "capture.db")
-    settings = Settings(
-        store=StoreSettings(url=store), upstream=UpstreamSettings(url=vllm_server.base_url)
-    )
-    server = ProxyServer(settings, None).start()
+    """The proxy with its default settings (``continuation: stitch``)."""
+    server = _proxy(vllm_server, tmp_path_factory.mktemp("acceptance") / "capture.db")
+    assert server.settings.continuation == "stitch"
     yield server
     server.stop()
 
@@ -78,6 +93,17 @@ def acceptance_proxy(
 @pytest.fixture(scope="module")
 def episode_runner(acceptance_proxy: ProxyServer) -> EpisodeRunner:
     return EpisodeRunner(acceptance_proxy)
+
+
+@pytest.fixture(scope="module")
+def passthrough_runner(
+    vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EpisodeRunner]:
+    """A second proxy on the same engine, forwarding chat requests as sent."""
+    store = tmp_path_factory.mktemp("acceptance-passthrough") / "capture.db"
+    server = _proxy(vllm_server, store, continuation="passthrough")
+    yield EpisodeRunner(server)
+    server.stop()
 
 
 @pytest.fixture(scope="module")

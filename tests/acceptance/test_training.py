@@ -3,8 +3,9 @@
 Exact conditioning of rows, masks, complete accounting, once-only loss, one logical-rollout
 contribution to the GRPO baseline, loss/gradient agreement with the per-call reference, a real
 learner update containing worker actions, closing safety and the single-agent baselines.
-NOTE: on the tiny model re-tokenisation drift is total (DESIGN §7), so in pass-through mode most
-continuations are new roots; these tests assert the invariants, not merge counts.
+The proxy runs with ``continuation: stitch`` (the default): each context is one row. (On the tiny
+model re-tokenisation drift is total, DESIGN §7, so in pass-through mode most continuations would
+be new roots.) These tests assert the invariants; test_capture.py checks the row count.
 """
 
 from __future__ import annotations
@@ -68,8 +69,20 @@ def test_masks_once_only_and_worker_answers_masked(captured: Captured) -> None:
     final = captured.call("parent.final")
     (final_row,) = [r for r in result.rows if r.endpoint_call_id == final["call_id"]]
     prompt_len = len(final["prompt_token_ids"])
-    # The worker answers are pasted into this prompt as tool results: observations, mask 0.
-    assert final_row.loss_mask[:prompt_len].sum() == 0
+    # The worker answers are pasted into this prompt as tool results: observations, mask 0. With
+    # stitching (the default) the parent's context is one row: its prompt also holds the parent's
+    # own delegation, the only other loss in it.
+    delegate = captured.call("parent.delegate")
+    in_prompt = [s for s in final_row.spans if s.owned and s.start < prompt_len]
+    assert [s.call_id for s in in_prompt] == [delegate["call_id"]]
+    (span,) = in_prompt
+    assert (span.start, span.end) == (
+        len(delegate["prompt_token_ids"]),
+        len(delegate["prompt_token_ids"]) + lengths[delegate["call_id"]],
+    )
+    expected = [0] * prompt_len
+    expected[span.start : span.end] = [1] * (span.end - span.start)
+    assert final_row.loss_mask[:prompt_len].tolist() == expected
     assert final_row.loss_mask[prompt_len:].tolist() == [1] * lengths[final["call_id"]]
     parent_ids = {c.call_id for c in captured.trace.by_agent("parent")}
     assert {s.call_id for s in final_row.spans if s.owned} <= parent_ids

@@ -152,3 +152,14 @@ def test_harness_answers_have_the_passthrough_shape(stitched: Run, passthrough: 
         assert [t.arguments for t in s_call.tool_calls] == [t.arguments for t in p_call.tool_calls]
         assert s_call.finish_reason == p_call.finish_reason, s_call.step
         assert (s_call.content is None) == (p_call.content is None), s_call.step
+
+
+def test_stitched_answers_carry_no_end_of_turn_text(stitched: Run, passthrough: Run) -> None:
+    """The text a harness gets back never contains the end-of-turn token (it is not content)."""
+    assert not any("<|im_end|>" in (c.content or "") for c in passthrough[0].calls)
+    leaked = [c.step for c in stitched[0].calls if "<|im_end|>" in (c.content or "")]
+    if leaked:
+        # Known bug (capture_proxy/continuation.py): derender is given the generated ids with
+        # the final end-of-turn id, and vLLM's derender keeps special tokens when a tool parser
+        # is configured, so a stitched answer that stopped ends with "<|im_end|>".
+        pytest.xfail(f"stitched answers end with the end-of-turn text: {leaked}")

@@ -52,6 +52,14 @@ def call_infos(proxy_url: str, episode: Episode) -> list[dict[str, Any]]:
     return calls
 
 
+def continuation_report(proxy_url: str, episode: Episode) -> dict[str, Any]:
+    """The episode's drift report (``GET /episodes/{id}`` → ``continuation``)."""
+    reply = httpx.get(f"{proxy_url}/episodes/{episode.episode_id}", timeout=30)
+    assert reply.status_code == 200, reply.text
+    report: dict[str, Any] = reply.json()["continuation"]
+    return report
+
+
 def overlapping(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Both calls were in flight at once: each was admitted before the other completed."""
     return bool(a["admitted_seq"] < b["completed_seq"] and b["admitted_seq"] < a["completed_seq"])

@@ -3,7 +3,9 @@
 Real LangGraph, real ``ChatOpenAI`` (``base_url`` at the episode), real proxy, real vLLM. Workers
 are tagged per node with ``default_headers``; ``invoke`` sends ``stream: false`` and
 ``stream(stream_mode="messages")`` sends ``stream: true``. The two workers run concurrently, and
-the supervisor's final call pastes their answers into its own context (masked there).
+the supervisor's final call pastes their answers into its own context (masked there). Runs in
+both ``continuation`` modes (issue 7): in ``stitch`` mode the supervisor's final call continues its
+plan call's exact tokens, so the supervisor's context is one row.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.harnesses.episode import (
     call_infos,
     check_episode,
     close_episode,
+    continuation_report,
     open_episode,
     overlapping,
     row_of,
@@ -114,9 +117,18 @@ def build_graph(base_url: str, model: str) -> Any:
     return graph.compile()
 
 
-@pytest.fixture
-def proxy(vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Path) -> ProxyServer:
-    return proxy_factory(sqlite_url(tmp_path / "capture.db"), upstream_url=vllm_server.base_url)
+@pytest.fixture(params=["stitch", "passthrough"])
+def proxy(
+    vllm_server: VLLMServer,
+    proxy_factory: ProxyFactory,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> ProxyServer:
+    return proxy_factory(
+        sqlite_url(tmp_path / "capture.db"),
+        upstream_url=vllm_server.base_url,
+        continuation=request.param,
+    )
 
 
 @pytest.mark.parametrize("mode", ["invoke", "stream"])
@@ -160,3 +172,15 @@ def test_supervisor_and_two_concurrent_workers(
     assert trains_only(final_row, {plan_call["call_id"], final_call["call_id"]})
     for worker_call in (worker_a, worker_b):
         assert row_of(result, worker_call["call_id"]) is not final_row
+
+    # The drift report: only the supervisor's final call continues an earlier call.
+    report = continuation_report(proxy.url, episode)
+    if proxy.settings.continuation == "stitch":
+        assert report["stitched"] == 1 and report["fresh"] == {"no_previous_call": 3}
+        assert report["token_prefix_continuations"] == 1
+        assert row_of(result, plan_call["call_id"]) is final_row  # one row per context
+        assert len(result.rows) == 3
+    else:
+        assert report["stitched"] == 0
+        assert report["fresh"] == {"no_previous_call": 3, "passthrough_mode": 1}
+    assert report["continuations"] == 1
