@@ -53,6 +53,8 @@ class TokenRequest:
     prompt_ids: list[int]
     generate_body: dict[str, Any]
     chat_request: dict[str, Any]  # the prepared chat body, for derender's parsers
+    end_of_turn_id: int
+    end_of_turn: str
 
 
 @dataclass(slots=True)
@@ -175,7 +177,13 @@ class Continuations:
         }
         if body.get("stream"):
             generate["stream_options"] = full.get("stream_options") or {"include_usage": False}
-        request = TokenRequest(stitched.prompt_ids, generate, body if body.get("stream") else whole)
+        request = TokenRequest(
+            stitched.prompt_ids,
+            generate,
+            body if body.get("stream") else whole,
+            end_of_turn_id=eot,
+            end_of_turn=self.end_of_turn,
+        )
         return request, stitched
 
     # -- routing ----------------------------------------------------------------------------
@@ -189,7 +197,7 @@ class Continuations:
             return reply
         derendered = await self.upstream.derender_chat(
             {
-                "generate_response": reply.body,
+                "generate_response": without_end_of_turn(reply.body, token.end_of_turn_id),
                 "chat_request": token.chat_request,
                 "prompt_token_ids": token.prompt_ids,
                 "prompt_tokens": len(token.prompt_ids),
@@ -197,7 +205,8 @@ class Continuations:
         )
         if derendered.status_code >= 400:
             return derendered
-        return UpstreamReply(200, chat_answer(derendered.body, reply.body, token.prompt_ids))
+        answer = chat_answer(derendered.body, reply.body, token.prompt_ids)
+        return UpstreamReply(200, with_end_of_turn_logprob(answer, reply.body, token))
 
     async def open_stream(
         self, plan: Plan | None, path: str, body: dict[str, Any]
@@ -227,6 +236,54 @@ class Continuations:
             replace(gen, reply_hash=chain_next(prefix, message))
             for gen, message in zip(generations, messages, strict=False)
         ]
+
+
+def without_end_of_turn(generated: dict[str, Any], end_of_turn_id: int) -> dict[str, Any]:
+    """The generate answer (or chunk) without each choice's final end-of-turn token.
+
+    The end-of-turn token ends the assistant message; it is not part of its text. Derender keeps
+    special tokens when a tool parser is configured, so it is removed before derendering (the
+    captured ``token_ids`` keep it: the model sampled it).
+    """
+    choices = []
+    for choice in generated.get("choices") or []:
+        ids = list(choice.get("token_ids") or [])
+        if not ids or ids[-1] != end_of_turn_id:
+            choices.append(choice)
+            continue
+        trimmed = dict(choice, token_ids=ids[:-1])
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and logprobs.get("content"):
+            trimmed["logprobs"] = dict(logprobs, content=list(logprobs["content"])[:-1])
+        choices.append(trimmed)
+    return dict(generated, choices=choices)
+
+
+def with_end_of_turn_logprob(
+    answer: dict[str, Any], generated: dict[str, Any], token: TokenRequest
+) -> dict[str, Any]:
+    """Give back the end-of-turn token's logprob entry that derender did not see (as vLLM's chat
+    answer lists one entry per sampled token, the end-of-turn included)."""
+    sampled = {c.get("index", 0): c for c in generated.get("choices") or []}
+    for choice in answer.get("choices") or []:
+        source = sampled.get(choice.get("index", 0), {})
+        ids = source.get("token_ids") or []
+        content = (choice.get("logprobs") or {}).get("content")
+        source_content = (source.get("logprobs") or {}).get("content") or []
+        if not ids or ids[-1] != token.end_of_turn_id or content is None or not source_content:
+            continue
+        if len(content) == len(ids):
+            continue
+        last = source_content[-1]
+        content.append(
+            {
+                "token": token.end_of_turn,
+                "logprob": last["logprob"],
+                "bytes": list(token.end_of_turn.encode()),
+                "top_logprobs": [],
+            }
+        )
+    return answer
 
 
 def chat_answer(
@@ -303,7 +360,7 @@ class _DerenderedStream(httpx.AsyncByteStream):
             reply = await self.upstream.derender_chat(
                 {
                     "stream": True,
-                    "generate_chunk": chunk,
+                    "generate_chunk": without_end_of_turn(chunk, self.token.end_of_turn_id),
                     "stream_state": states.get(index),
                     "chat_request": self.token.chat_request,
                     "prompt_token_ids": self.token.prompt_ids,

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from capture_proxy.capture import StreamCapture
-from capture_proxy.continuation import chat_answer, chat_logprobs
+from capture_proxy.continuation import (
+    TokenRequest,
+    chat_answer,
+    chat_logprobs,
+    with_end_of_turn_logprob,
+    without_end_of_turn,
+)
 
 
 def test_generate_logprobs_become_chat_logprobs() -> None:
@@ -49,3 +55,37 @@ def test_chat_answer_carries_capture_fields_and_tool_finish_reason() -> None:
     assert answer["choices"][0]["token_ids"] == [5, 6]
     assert answer["choices"][0]["finish_reason"] == "tool_calls"
     assert answer["usage"] == {"total_tokens": 4}
+
+
+def test_end_of_turn_is_hidden_from_derender_and_given_back_to_capture() -> None:
+    eot = 2
+    generated = {
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": [7, 8, eot],
+                "logprobs": {
+                    "content": [{"token_id": t, "logprob": -0.1 * t} for t in (7, 8, eot)]
+                },
+            },
+            {"index": 1, "token_ids": [7, 9], "logprobs": {"content": []}},  # stopped on length
+        ]
+    }
+    trimmed = without_end_of_turn(generated, eot)
+    assert [c["token_ids"] for c in trimmed["choices"]] == [[7, 8], [7, 9]]
+    assert len(trimmed["choices"][0]["logprobs"]["content"]) == 2
+    assert generated["choices"][0]["token_ids"] == [7, 8, eot]  # the capture keeps what was sampled
+
+    token = TokenRequest([1], {}, {}, end_of_turn_id=eot, end_of_turn="<|im_end|>")
+    answer = {
+        "choices": [
+            {"index": 0, "logprobs": {"content": [{"token": "a"}, {"token": "b"}]}},
+            {"index": 1, "logprobs": None},
+        ]
+    }
+    content = with_end_of_turn_logprob(answer, generated, token)["choices"][0]["logprobs"][
+        "content"
+    ]
+    assert len(content) == 3
+    assert content[-1]["token"] == "<|im_end|>"
+    assert content[-1]["logprob"] == -0.1 * eot

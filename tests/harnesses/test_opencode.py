@@ -95,11 +95,7 @@ def start_proxy(
 def check_answer(events: list[dict[str, Any]], continuation: str) -> None:
     """OpenCode's last text is the scripted answer (checked last: everything else is enforced)."""
     answer = texts(events)[-1]
-    if continuation == "stitch" and answer == ANSWER + END_OF_TURN:
-        # Known bug (capture_proxy/continuation.py): a stitched answer is derendered from the
-        # generated ids including the final end-of-turn id, and vLLM's derender keeps special
-        # tokens when a tool parser is configured, so the text ends with "<|im_end|>".
-        pytest.xfail("stitched answers end with the end-of-turn token's text")
+    assert END_OF_TURN not in answer, f"the end-of-turn token leaked into the text ({continuation})"
     assert answer == ANSWER
 
 
