@@ -116,7 +116,6 @@ class Settings(BaseSettings):
     public_url: str | None = Field(
         None, description="Base URL clients use to reach the proxy (for `base_url` answers)."
     )
-    admin_key: SecretStr | None = None
     close_poll_interval_s: float = 0.05
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)

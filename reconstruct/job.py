@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.progress import Progress
 
@@ -36,32 +35,8 @@ from capture_proxy.errors import ReconstructionError
 from capture_proxy.store.db import make_engine, make_sessionmaker
 from capture_proxy.store.repository import Store
 from reconstruct.core import reconstruct_episode
-from reconstruct.records import DEFAULT_TRAINABLE_ROLES, Reconstruction, Row
-
-ROWS_SCHEMA = pa.schema(
-    [
-        ("row_id", pa.string()),
-        ("episode_id", pa.string()),
-        ("group_id", pa.string()),
-        ("reward", pa.float64()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("behavior_logprobs", pa.list_(pa.float32())),
-        (
-            "spans",
-            pa.list_(
-                pa.struct(
-                    [
-                        ("call_id", pa.string()),
-                        ("start", pa.int32()),
-                        ("end", pa.int32()),
-                        ("owned", pa.bool_()),
-                    ]
-                )
-            ),
-        ),
-    ]
-)
+from reconstruct.parquet import rows_table
+from reconstruct.records import DEFAULT_TRAINABLE_ROLES, Reconstruction
 
 
 @dataclass
@@ -71,10 +46,6 @@ class JobReport:
     files: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     rows: int = 0
-
-
-def rows_table(rows: Sequence[Row]) -> pa.Table:
-    return pa.Table.from_pylist([row.to_dict() for row in rows], schema=ROWS_SCHEMA)
 
 
 def _write_atomically(path: Path, write: Any) -> None:
@@ -133,7 +104,9 @@ async def export_batch(
     rows = [row for _, result in done for row in result.rows]
     rows_path = out_dir / f"rows-{export_name}.parquet"
     report_path = out_dir / f"report-{export_name}.json"
-    _write_atomically(rows_path, lambda p: pq.write_table(rows_table(rows), p))
+    _write_atomically(
+        rows_path, lambda p: pq.write_table(rows_table([row.to_dict() for row in rows]), p)
+    )
     accounting = {episode_id: result.accounting.to_dict() for episode_id, result in done}
     _write_atomically(
         report_path,

@@ -198,28 +198,8 @@ def write_jsonl(rows: Sequence[Row], path: str | Path) -> None:
 
 def write_parquet(rows: Sequence[Row], path: str | Path) -> None:
     """Write rows as one Parquet file with the documented columns (used by tests and tools)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    span_type = pa.struct(
-        [
-            ("call_id", pa.string()),
-            ("start", pa.int64()),
-            ("end", pa.int64()),
-            ("owned", pa.bool_()),
-        ]
-    )
-    schema = pa.schema(
-        [
-            ("row_id", pa.string()),
-            ("episode_id", pa.string()),
-            ("group_id", pa.string()),
-            ("reward", pa.float64()),
-            ("input_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("behavior_logprobs", pa.list_(pa.float32())),
-            ("spans", pa.list_(span_type)),
-        ]
-    )
-    table = pa.Table.from_pylist([row.to_dict() for row in rows], schema=schema)
-    pq.write_table(table, str(path))
+    from reconstruct.parquet import rows_table
+
+    pq.write_table(rows_table([row.to_dict() for row in rows]), str(path))
