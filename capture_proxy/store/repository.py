@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.stitch import PriorCall
-from capture_proxy.store.models import Call, Episode, Export, utcnow
+from capture_proxy.store.exports import ExportQueries, Rollback
+from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 from capture_proxy.store.records import (
     Admission,
@@ -30,10 +31,6 @@ from capture_proxy.store.records import (
 )
 
 BUNDLE_SCHEMA = "capture-episode/v1"
-
-
-class _Abort(Exception):
-    """Rolls a transaction back from inside ``sessionmaker.begin()``."""
 
 
 def new_id(prefix: str) -> str:
@@ -62,7 +59,7 @@ def _call_info(call: Call) -> CallInfo:
     )
 
 
-class Store:
+class Store(ExportQueries):
     """The proxy's and the job's only way into the database."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
@@ -239,8 +236,8 @@ class Store:
                         )
                     )
                     if result.rowcount != 1:  # type: ignore[attr-defined]
-                        raise _Abort
-        except _Abort:
+                        raise Rollback
+        except Rollback:
             return False
         except SQLAlchemyError as exc:
             raise StoreError(f"could not record completion: {exc}") from exc
@@ -447,44 +444,3 @@ class Store:
                     for c in calls
                 ],
             }
-
-    # -- exports (the reconstruction job) ---------------------------------------------------
-
-    async def closed_unexported(self, limit: int = 100, skip: Sequence[str] = ()) -> list[str]:
-        """Closed episodes no export has claimed yet, oldest close first."""
-        async with self._sessions() as session:
-            query = (
-                select(Episode.episode_id)
-                .where(Episode.status == "closed", Episode.export_id.is_(None))
-                .order_by(Episode.closed_at, Episode.episode_id)
-                .limit(limit)
-            )
-            if skip:
-                query = query.where(Episode.episode_id.not_in(list(skip)))
-            return list(await session.scalars(query))
-
-    async def record_export(self, path: str, rows: int, episode_ids: Sequence[str]) -> int | None:
-        """Record a written file and mark its episodes exported, in one transaction.
-
-        Returns the export id, or None (recording nothing) if another job claimed one of the
-        episodes first.
-        """
-        try:
-            async with self._sessions.begin() as session:
-                export = Export(path=path, rows=rows, episodes=len(episode_ids))
-                session.add(export)
-                await session.flush()
-                result = await session.execute(
-                    update(Episode)
-                    .where(Episode.episode_id.in_(list(episode_ids)), Episode.export_id.is_(None))
-                    .values(export_id=export.export_id)
-                )
-                if result.rowcount != len(episode_ids):  # type: ignore[attr-defined]
-                    raise _Abort
-                return export.export_id
-        except _Abort:
-            return None
-
-    async def export_paths(self) -> set[str]:
-        async with self._sessions() as session:
-            return set(await session.scalars(select(Export.path)))
