@@ -130,9 +130,7 @@ def _train(rows_dir: Path, model_dir: Path, agents_of: Mapping[str, str]) -> dic
     return stats
 
 
-def _reconstruct_and_report(
-    out: Path, bundles: Sequence[dict[str, Any]], console: Console
-) -> list[EpisodeFigures]:
+def _reconstruct_and_report(out: Path, bundles: Sequence[dict[str, Any]]) -> list[EpisodeFigures]:
     import pyarrow.parquet as pq
 
     from reconstruct import reconstruct_episode
@@ -204,7 +202,7 @@ def run_demo(out: Path, episodes: int, console: Console) -> int:
         f"  exported {len(report.exported_episodes)} episodes, {report.rows} rows"
         + (f", refused {report.refused}" if report.refused else "")
     )
-    figures = _reconstruct_and_report(out, bundles, console)
+    figures = _reconstruct_and_report(out, bundles)
 
     console.print("[bold]5/6[/] one learner step (GRPO over the group)")
     agents_of = {
