@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,3 +52,53 @@ def test_demo_writes_everything(tmp_path: Path) -> None:
     # Nothing the demo started is left behind: its vLLM log says the server shut down.
     assert (out / "vllm.log").exists()
     print(f"demo took {elapsed:.0f} s")
+
+
+def _processes() -> list[tuple[int, int, str]]:
+    """(pid, process group, command line) of every live process (zombies are left out)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            fields = (proc / "stat").read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            found.append((int(proc.name), int(fields[2]), cmdline))
+    return found
+
+
+def test_demo_stops_everything_when_interrupted(tmp_path: Path) -> None:
+    out = tmp_path / "interrupted"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "capture_proxy.cli", "demo", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert demo.stdout is not None
+    seen = []
+    try:
+        for line in demo.stdout:  # wait until vLLM and the proxy run and episodes are going
+            seen.append(line)
+            if "running" in line:
+                break
+        # vLLM runs in its own process group (its EngineCore renames itself, so find the group)
+        groups = {pgid for _, pgid, cmd in _processes() if str(out) in cmd} - {os.getpgid(0)}
+        assert groups, "the demo's vLLM should be running by now"
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, "".join(seen) + rest
+
+    def left() -> list[str]:
+        return [cmd for _, pgid, cmd in _processes() if pgid in groups]
+
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left() == [], "vLLM (or its EngineCore) outlived the demo"
