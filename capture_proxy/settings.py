@@ -102,10 +102,6 @@ class AttributionSettings(BaseModel):
     )
 
 
-class ReconstructSettings(BaseModel):
-    trainable_roles: frozenset[Role] = frozenset({"policy", "compaction"})
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CAPTURE_PROXY_", env_nested_delimiter="__", extra="ignore"
@@ -120,7 +116,6 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
-    reconstruct: ReconstructSettings = Field(default_factory=ReconstructSettings)
     continuation: Literal["stitch", "passthrough"] = Field(
         "stitch",
         description="`stitch` (default): continue an agent on its own sampled tokens (token-in"
