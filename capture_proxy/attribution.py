@@ -157,6 +157,3 @@ class AgentLinks:
         while chain[-1] in links and links[chain[-1]] not in chain:
             chain.append(links[chain[-1]])
         return chain
-
-    def forget(self, episode_id: str) -> None:
-        self._episodes.pop(episode_id, None)

@@ -115,7 +115,7 @@ class CaptureService:
         if transform is not None:
             forwarded = transform(forwarded, attribution)
             if not isinstance(forwarded, dict):
-                raise TypeError("the request transform must return the body as a dict")
+                raise CaptureProxyError("the configured request transform did not return a dict")
         upstream_body, wants = prepare_upstream_body(endpoint, forwarded, self.settings.upstream)
         n = request_n(body)
         stream = bool(body.get("stream"))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from capture_proxy.errors import TrainerError
+from reconstruct.records import Span
 
 ROW_COLUMNS: tuple[str, ...] = (
     "row_id",
@@ -30,16 +31,6 @@ ROW_COLUMNS: tuple[str, ...] = (
     "behavior_logprobs",
     "spans",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One generation contained in a row: ``input_ids[start:end]`` is that call's completion."""
-
-    call_id: str
-    start: int
-    end: int
-    owned: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +86,7 @@ class Row:
             "input_ids": list(self.input_ids),
             "loss_mask": list(self.loss_mask),
             "behavior_logprobs": list(self.behavior_logprobs),
-            "spans": [
-                {"call_id": s.call_id, "start": s.start, "end": s.end, "owned": s.owned}
-                for s in self.spans
-            ],
+            "spans": [span.to_dict() for span in self.spans],
         }
 
 
