@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,41 +39,12 @@ from capture_proxy.engine import VLLMServer, free_port
 from capture_proxy.harness import close_episode, fetch_bundle, open_episode, run_episode
 from capture_proxy.harness.scripted import dumps_trace
 from capture_proxy.harness.trace import EpisodeTrace
+from capture_proxy.server_thread import ProxyThread
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
 
 GROUP_ID = "demo-fruit-count"
 REWARDS = (1.0, 0.0, 0.5, 0.25, 0.75, 0.0, 1.0, 0.5)
 LEARNING_RATE = 1e-3
-
-
-class ProxyThread:
-    """The proxy app on uvicorn in a daemon thread (loopback, a free port)."""
-
-    def __init__(self, settings: Settings) -> None:
-        import uvicorn
-
-        from capture_proxy.app import create_app
-
-        self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning"
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))
-        self._thread.daemon = True
-
-    def __enter__(self) -> ProxyThread:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=15)
 
 
 def _parser() -> argparse.ArgumentParser:
