@@ -129,7 +129,6 @@ def _reconstruct_and_report(out: Path, bundles: Sequence[dict[str, Any]]) -> lis
 
 
 def run_demo(out: Path, episodes: int, console: Console) -> int:
-    from capture_proxy.store.db import upgrade
     from capture_proxy.tiny_model import build_tiny_model
     from reconstruct.job import run_job
 
@@ -150,7 +149,6 @@ def run_demo(out: Path, episodes: int, console: Console) -> int:
         extra_args=["--enable-scale-out"],  # token-in routes: continuation=stitch (the default)
     ) as engine:
         console.print(f"  vLLM ready at {engine.base_url} in {engine.startup_s:.0f} s")
-        upgrade(db_url)
         settings = Settings(
             port=free_port(),
             store=StoreSettings(url=db_url),
