@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray  # a missing Ray fails these tests; it never skips them
 import torch
 
 from capture_proxy.cli import main as capture_proxy
@@ -16,8 +17,6 @@ from trainer_bridge.batch import collate
 from trainer_bridge.grpo import with_advantages
 from trainer_bridge.learner import Learner, LearnerConfig
 from trainer_bridge.rows_io import write_parquet
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
