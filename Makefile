@@ -6,7 +6,7 @@ VENV := .venv
 INPUTS_HASH := $(shell cat pyproject.toml scripts/install-env.sh | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(INPUTS_HASH)
 
-.PHONY: demo test lint env clean
+.PHONY: demo test test-unit lint env clean
 
 env: $(STAMP)
 
@@ -25,6 +25,10 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(VENV)/bin/python -m pytest -p no:cacheprovider
+
+# The in-process tier alone (tests/unit, about a minute): for quick iterations, not for CI.
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -m unit
 
 clean:
 	rm -rf $(VENV) demo-out

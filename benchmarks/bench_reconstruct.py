@@ -17,8 +17,8 @@ import argparse
 import time
 from typing import Any
 
-from reconstruct import parse_bundle, reconstruct_episode
-from reconstruct.records import EpisodeBundle
+from capture_contracts.bundle import SCHEMA
+from reconstruct import EpisodeBundle, parse_bundle, reconstruct_episode
 
 SYSTEM, COMPLETION, TOOL_RESULT = 200, 60, 100
 
@@ -69,7 +69,7 @@ class _Episode:
     def bundle(self) -> EpisodeBundle:
         return parse_bundle(
             {
-                "schema": "capture-episode/v1",
+                "schema": SCHEMA,
                 "episode_id": self.episode_id,
                 "group_id": "bench",
                 "status": "closed",

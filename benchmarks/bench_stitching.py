@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_stitching.py [--upstream URL] [--seeds 1 2]
 
-Runs the controlled acceptance episode (capture_proxy/harness/scripted.py: parent, two concurrent
+Runs the controlled acceptance episode (capture_devkit/harness/scripted.py: parent, two concurrent
 workers, a compaction, streaming and whole calls) through the proxy once per mode and seed, then
 reconstructs each closed episode. Prints per mode: calls, rows, contexts (agents + compaction
 rewrites), training tokens emitted / per-call reference tokens, the fraction of calls stitched,
@@ -27,12 +27,13 @@ from typing import Any
 import httpx
 import uvicorn
 
+from capture_contracts.bundle import parse_bundle
+from capture_contracts.drift import bundle_drift, drift_report
+from capture_devkit.engine import VLLMServer
+from capture_devkit.harness import close_episode, fetch_bundle, open_episode, run_episode
+from capture_devkit.tiny_model import build_tiny_model
 from capture_proxy.app import create_app
-from capture_proxy.continuation import drift_report
-from capture_proxy.engine import VLLMServer
-from capture_proxy.harness import close_episode, fetch_bundle, open_episode, run_episode
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
-from capture_proxy.tiny_model import build_tiny_model
 from reconstruct import reconstruct_episode
 
 #: Contexts of the acceptance episode: parent, worker-a before and after its compaction rewrite,
@@ -75,7 +76,7 @@ async def _episode(proxy_url: str, seed: int, mode: str) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=proxy_url, timeout=60) as client:
         info = (await client.get(f"/episodes/{episode_id}")).json()
     bundle = await fetch_bundle(proxy_url, episode_id)
-    assert info["continuation"] == drift_report(bundle["calls"])
+    assert info["continuation"] == drift_report(bundle_drift(parse_bundle(bundle)))
     return bundle
 
 
@@ -96,7 +97,7 @@ def measure(upstream: str, mode: str, seeds: list[int], workdir: Path) -> dict[s
             totals["rows"] += accounting.rows
             totals["row_tokens"] += accounting.row_tokens
             totals["reference_tokens"] += accounting.reference_tokens
-            reports.append(drift_report(bundle["calls"]))
+            reports.append(drift_report(bundle_drift(parse_bundle(bundle))))
     fresh: dict[str, int] = {}
     for report in reports:
         for reason, count in report["fresh"].items():

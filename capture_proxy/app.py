@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
 from capture_proxy.api import episodes, openai
 from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
@@ -24,12 +25,12 @@ from capture_proxy.upstream import Upstream
 log = logging.getLogger(__name__)
 
 
-def _error(exc: CaptureProxyError) -> JSONResponse:
+def _error(exc: CaptureError) -> JSONResponse:
     return JSONResponse(exc.to_body(), status_code=exc.status_code)
 
 
 async def _on_capture_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, CaptureProxyError)
+    assert isinstance(exc, CaptureError)
     if not isinstance(exc, ClientError):
         log.warning("request failed: %s: %s", type(exc).__name__, exc)
     return _error(exc)
@@ -73,7 +74,7 @@ def create_app(
             await engine.dispose()
 
     app = FastAPI(title="capture-proxy", version=__version__, lifespan=lifespan)
-    app.add_exception_handler(CaptureProxyError, _on_capture_error)
+    app.add_exception_handler(CaptureError, _on_capture_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.include_router(episodes.router)

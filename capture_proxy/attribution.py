@@ -17,19 +17,18 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
+from capture_contracts.vocabulary import ROLES, Role
 from capture_proxy.errors import BadRequest
-from capture_proxy.settings import AttributionSettings, Role, RoleRule
-
-ROLES: tuple[str, ...] = get_args(Role)
+from capture_proxy.settings import AttributionSettings, RoleRule
 
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
     agent_id: str | None
     parent_agent_id: str | None
-    role: str
+    role: Role
     episode_id: str | None = None
 
 
@@ -46,10 +45,11 @@ def _first_system_text(body: Mapping[str, Any]) -> str:
     return ""
 
 
-def _checked_role(value: Any, param: str) -> str:
+def _checked_role(value: Any, param: str) -> Role:
     if value not in ROLES:
-        raise BadRequest(f"{param} must be one of {', '.join(ROLES)}, not {value!r}", param=param)
-    return str(value)
+        names = ", ".join(get_args(Role))
+        raise BadRequest(f"{param} must be one of {names}, not {value!r}", param=param)
+    return cast(Role, value)
 
 
 def rule_matches(rule: RoleRule, headers: Mapping[str, str], body: Mapping[str, Any]) -> bool:
@@ -75,7 +75,7 @@ def _role(
     body: Mapping[str, Any],
     body_role: Any,
     settings: AttributionSettings,
-) -> str:
+) -> Role:
     explicit = headers.get("x-call-role")
     if explicit is not None:
         return _checked_role(explicit, "X-Call-Role")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from capture_contracts.vocabulary import Endpoint
 from capture_proxy.errors import BadRequest, UpstreamError
 from capture_proxy.settings import UpstreamSettings
 from capture_proxy.store.records import Generation
 
-Endpoint = Literal["chat", "completions"]
 MAX_N = 16
 
 

@@ -1,27 +1,53 @@
 """``capture-proxy`` command line: one entry point, one module per sub-command.
 
 Each sub-command module exposes ``main(argv: list[str]) -> int`` and is imported only when used,
-so ``capture-proxy serve`` never imports torch.
+so ``capture-proxy serve`` never imports torch. The dev kit's commands (``demo``,
+``make-tiny-model``) need the ``demo`` extra; the learner's (``train-step``) the ``train`` extra;
+without them the command fails with one line saying what to install.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import NamedTuple
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("capture_proxy.serve", "run the proxy (OpenAI-compatible API + episode REST API)"),
-    "make-tiny-model": ("capture_proxy.tiny_model", "build the deterministic tiny test model"),
-    "export": ("capture_proxy.export", "write an episode bundle file from the store"),
-    "reconstruct": ("reconstruct.cli", "turn bundles or closed episodes into training rows"),
-    "train-step": ("trainer_bridge.cli", "GRPO advantages + one learner step on rows"),
-    "demo": ("capture_proxy.demo", "end-to-end demo on a real vLLM with the tiny model"),
+
+class Command(NamedTuple):
+    module: str
+    help: str
+    extra: str | None = None  # the optional dependencies the command needs
+
+
+COMMANDS: dict[str, Command] = {
+    "serve": Command(
+        "capture_proxy.commands.serve", "run the proxy (OpenAI-compatible API + episode REST API)"
+    ),
+    "db": Command("capture_proxy.commands.db", "create or upgrade the store's schema (db upgrade)"),
+    "export": Command(
+        "capture_proxy.commands.export", "write an episode bundle file from the store"
+    ),
+    "reconstruct": Command(
+        "capture_proxy.commands.reconstruct", "turn bundles or closed episodes into training rows"
+    ),
+    "train-step": Command(
+        "trainer_bridge.cli", "GRPO advantages + one learner step on rows", "train"
+    ),
+    "make-tiny-model": Command(
+        "capture_devkit.tiny_model", "build the deterministic tiny test model", "demo"
+    ),
+    "demo": Command(
+        "capture_devkit.demo", "end-to-end demo on a real vLLM with the tiny model", "demo"
+    ),
 }
+
+#: Top-level modules whose absence means an extra is not installed (not a bug of ours).
+_OPTIONAL = {"openai", "torch", "transformers", "ray", "vllm", "tokenizers", "safetensors"}
 
 
 def _usage() -> str:
     lines = ["usage: capture-proxy COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<16} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += [f"  {name:<16} {command.help}" for name, command in COMMANDS.items()]
     return "\n".join(lines)
 
 
@@ -34,8 +60,20 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"capture-proxy: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    result: int = module.main(rest)
+    command = COMMANDS[name]
+    try:
+        module = importlib.import_module(command.module)
+        result: int = module.main(rest)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if command.extra is None or missing not in _OPTIONAL | {command.module.split(".")[0]}:
+            raise
+        print(
+            f"capture-proxy {name}: needs {missing!r}, which is not installed; "
+            f"install the {command.extra!r} extra: pip install 'capture-proxy[{command.extra}]'",
+            file=sys.stderr,
+        )
+        return 1
     return result
 
 

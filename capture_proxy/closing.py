@@ -9,22 +9,35 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
-from capture_proxy.api.schemas import CloseEpisode
+from capture_contracts.vocabulary import CANCELLED_BY_CLOSE, Mark
 from capture_proxy.errors import BadRequest, Conflict
-from capture_proxy.proxy import CANCELLED_BY_CLOSE, CaptureService
+from capture_proxy.proxy import CaptureService
 from capture_proxy.store.records import EpisodeInfo
 
 CANCEL_GRACE_S = 5.0
 
 
-def _marks(request: CloseEpisode) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class CloseRequest:
+    """How to close an episode: its reward, how long to wait, what to do with what remains."""
+
+    reward: float
+    wait_s: float = 0.0
+    cancel_outstanding: bool = False
+    discarded_calls: Collection[str] = field(default_factory=tuple)
+    accepted_calls: Collection[str] = field(default_factory=tuple)
+
+
+def _marks(request: CloseRequest) -> dict[str, Mark]:
     both = set(request.discarded_calls) & set(request.accepted_calls)
     if both:
         raise BadRequest(
             f"calls both discarded and accepted: {sorted(both)}", param="accepted_calls"
         )
-    marks = dict.fromkeys(request.discarded_calls, "discarded")
+    marks: dict[str, Mark] = dict.fromkeys(request.discarded_calls, "discarded")
     marks.update(dict.fromkeys(request.accepted_calls, "accepted"))
     return marks
 
@@ -42,7 +55,7 @@ async def _wait_outstanding(
 
 
 async def close_episode(
-    service: CaptureService, episode_id: str, request: CloseEpisode
+    service: CaptureService, episode_id: str, request: CloseRequest
 ) -> EpisodeInfo:
     store = service.store
     status = await store.begin_close(episode_id, request.reward, _marks(request))

@@ -8,26 +8,27 @@ ids, each answer (or streamed chunk) turned back into an ordinary chat completio
 chat answer (``prompt_token_ids`` = the stitched ids, ``token_ids``, ``logprobs.content``), so
 capture and scrubbing are the same as on the pass-through path. Everything else passes through.
 
-Per call, ``calls.continuation`` records the mode, the message hashes, whether it was stitched and
-why not, and the call it extends (the drift report, :func:`drift_report`, is computed from it).
+Per call, ``calls.continuation`` keeps a :class:`~capture_contracts.bundle.ContinuationRecord`: the
+mode, the message hashes, whether it was stitched and why not, and the call it extends (the drift
+report, :mod:`capture_contracts.drift`, is computed from it).
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from capture_proxy.capture import Endpoint
+from capture_contracts.bundle import ContinuationRecord
+from capture_contracts.vocabulary import Endpoint, FallbackReason
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
-    FallbackReason,
     Fresh,
+    PriorCall,
     ReplyAccumulator,
     Stitched,
     chain,
@@ -37,7 +38,7 @@ from capture_proxy.stitch import (
     stitch_prompt,
     tools_hash,
 )
-from capture_proxy.store.records import Generation
+from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import TOKENIZE, Upstream, UpstreamReply, sse_events
 
@@ -59,7 +60,7 @@ class TokenRequest:
 
 @dataclass(slots=True)
 class Plan:
-    record: dict[str, Any] | None  # stored in calls.continuation
+    record: ContinuationRecord | None  # stored in calls.continuation
     prefix_hash: str | None = None
     token: TokenRequest | None = None
     replies: ReplyAccumulator = field(default_factory=ReplyAccumulator)
@@ -67,6 +68,22 @@ class Plan:
 
 class _TokenPathUnavailable(Exception):
     pass
+
+
+def _prior(call: CompletedChatCall) -> PriorCall | None:
+    """What stitching needs of a recorded call (calls recorded without message hashes: none)."""
+    record = call.continuation
+    if record.prefix_hash is None or record.messages is None:
+        return None
+    return PriorCall(
+        call_id=call.call_id,
+        completed_seq=call.completed_seq,
+        role=call.role,
+        messages=record.messages,
+        prefix_hash=record.prefix_hash,
+        reply_hash=call.reply_hash,
+        tools_hash=record.tools_hash or "",
+    )
 
 
 class Continuations:
@@ -83,42 +100,42 @@ class Continuations:
         self, episode_id: str, endpoint: Endpoint, agent_id: str | None, body: dict[str, Any]
     ) -> Plan:
         if endpoint != "chat":
-            return Plan({"mode": self.mode, "stitched": False, "reason": "not_chat"})
+            return Plan(ContinuationRecord(stitched=False, reason="not_chat", mode=self.mode))
         messages: list[dict[str, Any]] = body["messages"]
         hashes = chain(messages)
         tools = tools_hash(body)
-        record: dict[str, Any] = {
-            "mode": self.mode,
-            "messages": len(messages),
-            "prefix_hash": hashes[-1],
-            "tools_hash": tools,
-            "stitched": False,
-            "reason": None,
-            "base_call_id": None,
-        }
+        record = ContinuationRecord(
+            stitched=False,
+            mode=self.mode,
+            messages=len(messages),
+            prefix_hash=hashes[-1],
+            tools_hash=tools,
+        )
         plan = Plan(record, prefix_hash=hashes[-1])
-        choice = choose_base(await self.store.prior_calls(episode_id, agent_id), hashes, tools)
+        priors = [_prior(c) for c in await self.store.prior_calls(episode_id, agent_id)]
+        choice = choose_base([p for p in priors if p is not None], hashes, tools)
         if isinstance(choice, Fresh):
-            record["reason"] = choice.reason
-            record["base_call_id"] = choice.base.call_id if choice.base else None
+            base = choice.base.call_id if choice.base else None
+            plan.record = replace(record, reason=choice.reason, base_call_id=base)
             return plan
-        record["base_call_id"] = choice.base.call_id
+        record = replace(record, base_call_id=choice.base.call_id)
         if self.mode == "passthrough":
-            record["reason"] = "passthrough_mode"
+            plan.record = replace(record, reason="passthrough_mode")
             return plan
         try:
             token = await self._stitch(body, choice)
         except _TokenPathUnavailable:
             token = "token_path_unavailable"
         if isinstance(token, str):
-            record["reason"] = token
+            plan.record = replace(record, reason=token)
             return plan
         request, stitched = token
-        record |= {
-            "stitched": True,
-            "base_len": stitched.base_len,
-            "suffix_len": len(stitched.trailer) + len(stitched.suffix),
-        }
+        plan.record = replace(
+            record,
+            stitched=True,
+            base_len=stitched.base_len,
+            suffix_len=len(stitched.trailer) + len(stitched.suffix),
+        )
         plan.token = request
         return plan
 
@@ -386,42 +403,3 @@ class _DerenderedStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.response.aclose()
-
-
-# -- the drift report ---------------------------------------------------------------------------
-
-
-def drift_report(calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per episode: stitched vs fresh renders and why; how many continuations stayed token prefixes.
-
-    ``calls`` are bundle calls (docs/formats.md) with their ``continuation`` records. A
-    *continuation* is a chat call whose messages extend a recorded call of its agent; it is a
-    *token prefix* when that call's prompt + completion is a prefix of its prompt.
-    """
-    by_id = {c["call_id"]: c for c in calls}
-    fresh: Counter[str] = Counter()
-    stitched = continuations = token_prefix = 0
-    modes: Counter[str] = Counter()
-    for call in calls:
-        info = call.get("continuation")
-        if not info or info.get("reason") == "not_chat":
-            continue
-        modes[str(info.get("mode"))] += 1
-        if info.get("stitched"):
-            stitched += 1
-        else:
-            fresh[str(info.get("reason"))] += 1
-        base = by_id.get(info.get("base_call_id") or "")
-        if base is None or call.get("status") != "completed":
-            continue
-        continuations += 1
-        full = list(base["prompt_token_ids"]) + list(base["completion_token_ids"])
-        if list(call["prompt_token_ids"][: len(full)]) == full:
-            token_prefix += 1
-    return {
-        "modes": dict(modes),
-        "stitched": stitched,
-        "fresh": dict(sorted(fresh.items())),
-        "continuations": continuations,
-        "token_prefix_continuations": token_prefix,
-    }

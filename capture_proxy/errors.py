@@ -1,56 +1,33 @@
-"""The one exception tree of the project.
+"""The service's exception tree.
 
 ::
 
-    CaptureProxyError                 base; never raised itself
-    ├── ClientError                   the caller's fault → 4xx with an OpenAI-style error body
-    │   ├── BadRequest            400 malformed body, unknown field values
-    │   ├── Unauthorized          401 missing or wrong API key
-    │   ├── NotFound              404 unknown episode / call
-    │   └── Conflict              409 not open, duplicate id, reward mismatch, calls outstanding
-    ├── UpstreamError                 the engine failed → its own status (or 502) with an error body
-    │   └── UpstreamTimeout       504
-    ├── StoreError                    the transactional store failed → 500
-    ├── ReconstructionError           a bundle cannot be turned into rows
-    │   ├── InvalidBundle             the bundle is malformed (schema, array lengths)
-    │   └── EpisodeRefused            accounting does not add up, or calls are unresolved
-    ├── TrainerError                  rows cannot be trained
-    │   └── InconsistentRows          rows of one episode disagree on reward or group
-    └── EngineError                   the local vLLM process could not be started or stopped
+    CaptureError (capture_contracts.errors)
+    └── CaptureProxyError             base of the service's errors; a bare one is a 500
+        ├── ClientError               the caller's fault → 4xx with an OpenAI-style error body
+        │   ├── BadRequest        400 malformed body, unknown field values
+        │   ├── Unauthorized      401 missing or wrong API key
+        │   ├── NotFound          404 unknown episode / call
+        │   └── Conflict          409 not open, duplicate id, reward mismatch, calls outstanding
+        ├── UpstreamError             the engine failed → its own status (or 502) with an error body
+        │   └── UpstreamTimeout   504
+        └── StoreError                the transactional store failed → 500
 
-Boundaries translate foreign exceptions (httpx, SQLAlchemy) into these with ``raise … from exc``.
+Format errors of shared data (``InvalidBundle``, ``InvalidRow``) come from
+:mod:`capture_contracts.errors`; the app answers every :class:`CaptureError` with its
+``to_body()``. Boundaries translate foreign exceptions (httpx, SQLAlchemy) into these with
+``raise … from exc``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from capture_contracts.errors import CaptureError
 
-class CaptureProxyError(Exception):
-    """Base of every error this project raises on purpose."""
 
-    status_code: int = 500
-    error_type: str = "server_error"
-
-    def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, **extra: Any
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.extra = extra
-
-    def to_body(self) -> dict[str, Any]:
-        """The OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
-        error: dict[str, Any] = {
-            "message": self.message,
-            "type": self.error_type,
-            "param": self.param,
-            "code": self.code,
-        }
-        error.update(self.extra)
-        return {"error": error}
+class CaptureProxyError(CaptureError):
+    """Base of the service's errors."""
 
 
 class ClientError(CaptureProxyError):
@@ -94,27 +71,3 @@ class UpstreamTimeout(UpstreamError):
 class StoreError(CaptureProxyError):
     status_code = 500
     error_type = "store_error"
-
-
-class ReconstructionError(CaptureProxyError):
-    error_type = "reconstruction_error"
-
-
-class InvalidBundle(ReconstructionError):
-    pass
-
-
-class EpisodeRefused(ReconstructionError):
-    pass
-
-
-class TrainerError(CaptureProxyError):
-    error_type = "trainer_error"
-
-
-class InconsistentRows(TrainerError):
-    pass
-
-
-class EngineError(CaptureProxyError):
-    error_type = "engine_error"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+
+from capture_contracts.bundle import ContinuationRecord
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -40,13 +41,13 @@ class Metrics:
             raise KeyError(f"unknown metric {name!r}")
         self._counters[(name, tuple(sorted(labels.items())))] += amount
 
-    def admitted(self, endpoint: str, n: int, continuation: dict[str, Any] | None) -> None:
+    def admitted(self, endpoint: str, n: int, continuation: ContinuationRecord | None) -> None:
         self.inc("capture_calls_admitted_total", n, endpoint=endpoint)
-        if continuation and continuation.get("reason") != "not_chat":
-            if continuation.get("stitched"):
+        if continuation is not None and continuation.reason != "not_chat":
+            if continuation.stitched:
                 self.inc("capture_continuation_total", n, kind="stitched", reason="")
             else:
-                reason = str(continuation.get("reason") or "unknown")
+                reason = continuation.reason or "unknown"
                 self.inc("capture_continuation_total", n, kind="fresh", reason=reason)
 
     def finished(self, status: str, n: int) -> None:

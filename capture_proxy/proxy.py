@@ -20,10 +20,15 @@ import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 
+from capture_contracts.vocabulary import (
+    CANCELLED_BY_CLOSE,
+    CLIENT_DISCONNECTED,
+    Endpoint,
+    FailedStatus,
+)
 from capture_proxy.attribution import AgentLinks, attribute
 from capture_proxy.capture import (
     ClientWants,
-    Endpoint,
     StreamCapture,
     generations_from_response,
     prepare_upstream_body,
@@ -44,8 +49,6 @@ log = logging.getLogger(__name__)
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 CALL_ID_HEADER = "X-Capture-Call-Id"
 CALL_IDS_HEADER = "X-Capture-Call-Ids"
-CANCELLED_BY_CLOSE = "cancelled_by_close"
-CLIENT_DISCONNECTED = "client_disconnected"
 
 
 @dataclass(slots=True)
@@ -147,13 +150,15 @@ class CaptureService:
             self._in_flight.pop(request_id, None)
             raise
 
-    async def _fail(self, entry: _InFlight, status: str, reason: str) -> None:
+    async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):
             moved = await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
         self.metrics.finished(status, moved)
 
     async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
-        done = await self.store.complete(entry.episode_id, entry.call_ids, generations)
+        record = entry.plan.record if entry.plan is not None else None
+        base = record.base_call_id if record is not None else None
+        done = await self.store.complete(entry.episode_id, entry.call_ids, generations, base)
         self.metrics.finished("completed", len(entry.call_ids) if done else 0)
         return done
 

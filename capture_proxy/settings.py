@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, ImportString, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Role = Literal["policy", "compaction", "auxiliary"]
+from capture_contracts.vocabulary import ContinuationMode, Role
 
 
 class UpstreamSettings(BaseModel):
@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
-    continuation: Literal["stitch", "passthrough"] = Field(
+    continuation: ContinuationMode = Field(
         "stitch",
         description="`stitch` (default): continue an agent on its own sampled tokens (token-in"
         " generation, needs vLLM --enable-scale-out; without it each call falls back to a fresh"

@@ -19,21 +19,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-FallbackReason = Literal[
-    "no_previous_call",  # the agent's first call: a root
-    "not_an_extension",  # the messages do not continue any recorded call of the agent
-    "assistant_edited",  # history matches a call, but the harness changed its assistant message
-    "tools_changed",  # extends a call, but the tool list differs (the system turn re-renders)
-    "template_not_prefix_stable",  # rendering the longer history changed earlier tokens
-    "compaction_rewrite",  # the agent's context was rewritten after a compaction call
-    "not_chat",  # /v1/completions: the harness sends tokens or text itself
-    "token_path_unavailable",  # the engine refused render/generate (e.g. no --enable-scale-out)
-    "render_failed",  # the engine could not render the request (its own error follows)
-    "passthrough_mode",  # an extension, but the proxy runs with continuation=passthrough
-]
-Continuation = Literal["stitch", "passthrough"]
+from capture_contracts.vocabulary import FallbackReason
 
 _EMPTY = hashlib.sha256(b"").hexdigest()[:32]
 

@@ -8,13 +8,16 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection
 
-from capture_proxy.errors import EpisodeRefused
+from capture_contracts.bundle import EpisodeBundle
+from capture_contracts.drift import Drift, render_counts
+from capture_contracts.rows import Row
+from capture_contracts.vocabulary import Classification
 from reconstruct.discard import Discards, ineffective_marks
+from reconstruct.errors import EpisodeRefused
 from reconstruct.forest import Forest
-from reconstruct.records import Accounting, Classification, Drift, EpisodeBundle, Row
+from reconstruct.records import Accounting
 
 
 def classify(
@@ -44,13 +47,11 @@ def classify(
 def drift(bundle: EpisodeBundle, forest: Forest) -> Drift:
     """Continued vs fresh contexts (forest) and stitched vs fresh renders (proxy records)."""
     roots = sum(1 for parent in forest.parent if parent is None)
-    records = [c.continuation for c in bundle.calls if c.continuation is not None]
-    fresh = Counter(r.reason or "unknown" for r in records if not r.stitched)
-    fresh.pop("not_chat", None)
+    stitched, fresh = render_counts(c.continuation for c in bundle.calls if c.continuation)
     return Drift(
         continued=len(forest.nodes) - roots,
         fresh_contexts=roots,
-        stitched=sum(1 for r in records if r.stitched),
+        stitched=stitched,
         fresh_renders=dict(fresh),
     )
 

@@ -4,7 +4,7 @@
 
     capture-proxy reconstruct --bundle FILE [--out ROWS.jsonl] [--report REPORT.json]
                               [--trainable-roles policy,compaction]
-    capture-proxy reconstruct --db URL --out DIR [--follow]      (the job: reconstruct.job)
+    capture-proxy reconstruct --db URL --out DIR [--follow]   (capture_proxy.reconstruct_job)
 
 Rows go to stdout when no ``--out`` is given. A malformed bundle or a refused episode exits with
 status 1 and a one-line message on stderr; nothing is written for it.
@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from capture_proxy.errors import ReconstructionError
+from capture_contracts.errors import CaptureError
+from capture_contracts.vocabulary import DEFAULT_TRAINABLE_ROLES
 from reconstruct.core import reconstruct_episode
-from reconstruct.records import DEFAULT_TRAINABLE_ROLES
+from reconstruct.errors import ReconstructionError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +38,6 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(sorted(DEFAULT_TRAINABLE_ROLES)),
         help="comma-separated roles that own loss (default: %(default)s)",
     )
-    parser.add_argument("--db", help="store URL: run the reconstruction job instead")
     return parser
 
 
@@ -51,11 +51,6 @@ def _load(path: Path) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    if "--db" in argv or any(arg.startswith("--db=") for arg in argv):
-        from reconstruct.job import main as job_main  # the job needs the store; import lazily
-
-        result: int = job_main(argv)
-        return result
     parser = _parser()
     args = parser.parse_args(argv)
     if args.bundle is None:
@@ -63,7 +58,7 @@ def main(argv: list[str]) -> int:
     roles = [r.strip() for r in args.trainable_roles.split(",") if r.strip()]
     try:
         result_ = reconstruct_episode(_load(args.bundle), trainable_roles=roles)
-    except ReconstructionError as exc:
+    except CaptureError as exc:
         kind = type(exc).__name__
         print(f"capture-proxy reconstruct: {kind}: {exc.message}", file=sys.stderr)
         return 1

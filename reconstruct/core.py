@@ -9,23 +9,19 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from capture_proxy.errors import EpisodeRefused, ReconstructionError
+from capture_contracts.bundle import EpisodeBundle, check_bundle, parse_bundle
+from capture_contracts.vocabulary import DEFAULT_TRAINABLE_ROLES, ROLES
 from reconstruct.accounting import build_accounting, classify
 from reconstruct.discard import find_discards
+from reconstruct.errors import EpisodeRefused, ReconstructionError
 from reconstruct.forest import build_forest
-from reconstruct.records import (
-    DEFAULT_TRAINABLE_ROLES,
-    ROLES,
-    EpisodeBundle,
-    Reconstruction,
-    parse_bundle,
-)
+from reconstruct.records import Reconstruction
 from reconstruct.rows import build_rows
 
 
 def as_bundle(bundle: Mapping[str, Any] | EpisodeBundle) -> EpisodeBundle:
     """Accept the parsed JSON dict or the typed record."""
-    return bundle if isinstance(bundle, EpisodeBundle) else parse_bundle(bundle)
+    return check_bundle(bundle) if isinstance(bundle, EpisodeBundle) else parse_bundle(bundle)
 
 
 def check_trainable_roles(trainable_roles: Collection[str]) -> frozenset[str]:
@@ -46,8 +42,8 @@ def reconstruct_episode(
 ) -> Reconstruction:
     """Rows and accounting of one closed episode.
 
-    Raises :class:`~capture_proxy.errors.InvalidBundle` for a malformed bundle and
-    :class:`~capture_proxy.errors.EpisodeRefused` for an episode still ``open``, with unresolved
+    Raises :class:`~capture_contracts.errors.InvalidBundle` for a malformed bundle and
+    :class:`~reconstruct.errors.EpisodeRefused` for an episode still ``open``, with unresolved
     calls, or whose accounting does not add up; no rows are produced for a refused episode.
     """
     episode = as_bundle(bundle)

@@ -26,8 +26,9 @@ from typing import Literal
 
 import numpy as np
 
+from capture_contracts.bundle import CallRecord
 from reconstruct.forest import Forest
-from reconstruct.records import CallRecord, MarkNote
+from reconstruct.records import MarkNote
 
 DiscardReason = Literal["mark", "retry", "rollback"]
 

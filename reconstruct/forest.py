@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from reconstruct.records import CallRecord, IntArray
+from capture_contracts.bundle import CallRecord, IntArray
 
 HashArray = npt.NDArray[np.uint64]
 

@@ -19,14 +19,16 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from reconstruct.records import CallRecord, EpisodeBundle, Reconstruction, Row
+from capture_contracts.bundle import CallRecord, EpisodeBundle
+from capture_contracts.rows import Row
+from reconstruct.records import Reconstruction
 
 
 def _expected_mask(
     row: Row, calls: dict[str, CallRecord], out: list[str]
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float64]]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """Check each span against its call; the mask and logprobs its owned spans imply."""
-    mask = np.zeros(len(row.input_ids), dtype=np.int8)
+    mask = np.zeros(len(row.input_ids), dtype=np.int64)
     logprobs = np.zeros(len(row.input_ids), dtype=np.float64)
     for span in row.spans:
         call = calls[span.call_id]

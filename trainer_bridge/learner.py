@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from capture_proxy.errors import TrainerError
 from trainer_bridge.batch import TrainBatch
+from trainer_bridge.errors import TrainerError
 from trainer_bridge.loss import LossConfig, policy_loss
 
 # Files besides weights and config.json that a serving engine needs from the model directory.

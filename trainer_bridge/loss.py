@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from capture_proxy.errors import TrainerError
+from trainer_bridge.errors import TrainerError
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capture_proxy.errors import TrainerError
+from capture_contracts.rows import ROW_COLUMNS
+from trainer_bridge.errors import TrainerError
 from trainer_bridge.learner import LearnerConfig, StepStats
-from trainer_bridge.rows_io import ROW_COLUMNS
 
 if TYPE_CHECKING:
     import ray.data

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 
+from capture_contracts.drift import drift_report
+from capture_contracts.vocabulary import EpisodeStatus
 from capture_proxy.api.deps import ServiceDep, StoreDep, base_url_for
 from capture_proxy.api.schemas import CallOut, CloseEpisode, CreateEpisode, EpisodeOut, MarkCall
-from capture_proxy.closing import close_episode
-from capture_proxy.continuation import drift_report
+from capture_proxy.closing import CloseRequest, close_episode
 
 router = APIRouter(prefix="/episodes", tags=["episodes"])
 
@@ -24,7 +25,7 @@ async def create_episode(body: CreateEpisode, store: StoreDep, request: Request)
 async def list_episodes(
     store: StoreDep,
     request: Request,
-    status: Literal["open", "closing", "closed"] | None = None,
+    status: EpisodeStatus | None = None,
     group_id: str | None = None,
 ) -> list[EpisodeOut]:
     infos = await store.list_episodes(status=status, group_id=group_id)
@@ -34,7 +35,7 @@ async def list_episodes(
 @router.get("/{episode_id}")
 async def get_episode(episode_id: str, store: StoreDep, request: Request) -> EpisodeOut:
     out = EpisodeOut.of(await store.get_episode(episode_id), base_url_for(request, episode_id))
-    out.continuation = drift_report((await store.bundle(episode_id))["calls"])
+    out.continuation = drift_report(await store.drift(episode_id))
     return out
 
 
@@ -45,7 +46,7 @@ async def list_calls(episode_id: str, store: StoreDep) -> list[CallOut]:
 
 @router.get("/{episode_id}/bundle")
 async def get_bundle(episode_id: str, store: StoreDep) -> dict[str, Any]:
-    return await store.bundle(episode_id)
+    return (await store.bundle(episode_id)).to_dict()
 
 
 @router.patch("/{episode_id}/calls/{call_id}")
@@ -57,5 +58,12 @@ async def mark_call(episode_id: str, call_id: str, body: MarkCall, store: StoreD
 async def close(
     episode_id: str, body: CloseEpisode, service: ServiceDep, request: Request
 ) -> EpisodeOut:
-    info = await close_episode(service, episode_id, body)
+    close_request = CloseRequest(
+        reward=body.reward,
+        wait_s=body.wait_s,
+        cancel_outstanding=body.cancel_outstanding,
+        discarded_calls=tuple(body.discarded_calls),
+        accepted_calls=tuple(body.accepted_calls),
+    )
+    info = await close_episode(service, episode_id, close_request)
     return EpisodeOut.of(info, base_url_for(request, episode_id))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capture_proxy.settings import Role
-from capture_proxy.store.records import CallInfo, EpisodeInfo
+from capture_contracts.vocabulary import EpisodeStatus, Mark, Role
+from capture_proxy.store.records import CallAccounting, CallInfo, EpisodeInfo
 
 
 class _Strict(BaseModel):
@@ -23,7 +23,7 @@ class CreateEpisode(_Strict):
 
 
 class MarkCall(_Strict):
-    mark: Literal["discarded", "accepted"] | None = Field(
+    mark: Mark | None = Field(
         description="The harness's acknowledgement of the call (DESIGN §5 rule 3)."
     )
     role: Role | None = None
@@ -41,23 +41,15 @@ class CloseEpisode(_Strict):
     accepted_calls: list[str] = Field(default_factory=list)
 
 
-class CallCounts(BaseModel):
-    admitted: int
-    completed: int
-    failed: int
-    cancelled: int
-    in_flight: int
-
-
 class EpisodeOut(BaseModel):
     episode_id: str
     group_id: str
-    status: Literal["open", "closing", "closed"]
+    status: EpisodeStatus
     reward: float | None
     metadata: dict[str, Any]
     exported: bool
     base_url: str
-    calls: CallCounts
+    calls: CallAccounting
     continuation: dict[str, Any] | None = Field(
         None,
         description="Drift report (GET /episodes/{id} only): stitched calls, fresh renders by "
@@ -74,13 +66,7 @@ class EpisodeOut(BaseModel):
             metadata=info.metadata,
             exported=info.exported,
             base_url=base_url,
-            calls=CallCounts(
-                admitted=info.calls.admitted,
-                completed=info.calls.completed,
-                failed=info.calls.failed,
-                cancelled=info.calls.cancelled,
-                in_flight=info.calls.in_flight,
-            ),
+            calls=info.calls,
         )
 
 

@@ -23,7 +23,9 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+#: The alembic scripts ship inside the package (``capture_proxy/migrations``, a link to the
+#: repository's top-level ``migrations/`` in a checkout), so an installed proxy can migrate.
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
@@ -77,6 +79,20 @@ def upgrade(url: str, revision: str = "head") -> None:
         return
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(command.upgrade, alembic_config(url), revision).result()
+
+
+async def current_revision(url: str) -> str | None:
+    """The store's schema revision (None for an empty store)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return await connection.run_sync(
+                lambda sync: MigrationContext.configure(sync).get_current_revision()
+            )
+    finally:
+        await engine.dispose()
 
 
 async def upgrade_async(url: str, revision: str = "head") -> None:

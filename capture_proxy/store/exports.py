@@ -1,5 +1,5 @@
 """Store queries of the reconstruction job: which closed episodes still need exporting, and the
-one transaction that records an export file and claims its episodes."""
+one transaction that records an export file and claims its episodes (``Store.exports``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ class Rollback(Exception):
 
 
 class ExportQueries:
-    _sessions: async_sessionmaker[AsyncSession]
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
 
     async def closed_unexported(self, limit: int = 100, skip: Sequence[str] = ()) -> list[str]:
         """Closed episodes no export has claimed yet, oldest close first."""

@@ -82,9 +82,11 @@ class Call(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     usage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    # Exact-token continuation (capture_proxy/stitch.py): mode, message hashes, stitched or why not.
+    # Exact-token continuation (capture_contracts.bundle.ContinuationRecord): mode, hashes, why not.
     continuation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     reply_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The drift summary, set at completion: the base call's exact tokens are a prefix of the prompt.
+    token_prefix: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     admitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

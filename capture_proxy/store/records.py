@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-EpisodeStatus = Literal["open", "closing", "closed"]
-CallStatus = Literal["admitted", "completed", "failed", "cancelled"]
-Mark = Literal["discarded", "accepted"]
+from capture_contracts.bundle import ContinuationRecord
+from capture_contracts.vocabulary import CallStatus, Endpoint, EpisodeStatus, Mark, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +54,14 @@ class CallInfo:
 class Admission:
     """What the harness told us about a call before it runs."""
 
-    endpoint: Literal["chat", "completions"]
+    endpoint: Endpoint
     stream: bool
     n: int
-    role: str
+    role: Role
     agent_id: str | None = None
     parent_agent_id: str | None = None
     model: str | None = None
-    continuation: dict[str, Any] | None = None  # see capture_proxy/continuation.py
+    continuation: ContinuationRecord | None = None  # see capture_proxy/continuation.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +74,14 @@ class Generation:
     finish_reason: str | None
     usage: dict[str, Any] | None = field(default=None)
     reply_hash: str | None = None  # hash chain of the request messages + the returned reply
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedChatCall:
+    """A completed chat call of an agent, as exact-token continuation looks for its base."""
+
+    call_id: str
+    completed_seq: int
+    role: str
+    continuation: ContinuationRecord
+    reply_hash: str | None

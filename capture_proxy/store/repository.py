@@ -10,27 +10,38 @@ so a completion racing a cancellation can never record both.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from capture_contracts.bundle import (
+    CallRecord,
+    EpisodeBundle,
+    parse_continuation,
+)
+from capture_contracts.drift import CallDrift
+from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
-from capture_proxy.stitch import PriorCall
 from capture_proxy.store.exports import ExportQueries, Rollback
 from capture_proxy.store.models import Call, Episode, utcnow
-from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from capture_proxy.store.packing import (
+    ids_array,
+    logprobs_array,
+    pack_ids,
+    pack_logprobs,
+    unpack_ids,
+)
 from capture_proxy.store.records import (
     Admission,
     CallAccounting,
     CallInfo,
+    CompletedChatCall,
     EpisodeInfo,
     Generation,
 )
-
-BUNDLE_SCHEMA = "capture-episode/v1"
 
 
 def new_id(prefix: str) -> str:
@@ -59,11 +70,12 @@ def _call_info(call: Call) -> CallInfo:
     )
 
 
-class Store(ExportQueries):
-    """The proxy's and the job's only way into the database."""
+class Store:
+    """The proxy's and the job's only way into the database; the job's queries are ``exports``."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
+        self.exports = ExportQueries(sessions)
 
     # -- episodes ---------------------------------------------------------------------------
 
@@ -197,7 +209,11 @@ class Store(ExportQueries):
                             status="admitted",
                             admitted_seq=seq,
                             model=admission.model,
-                            continuation=admission.continuation,
+                            continuation=(
+                                None
+                                if admission.continuation is None
+                                else admission.continuation.to_dict()
+                            ),
                         )
                     )
         except SQLAlchemyError as exc:
@@ -205,10 +221,17 @@ class Store(ExportQueries):
         return call_ids
 
     async def complete(
-        self, episode_id: str, call_ids: Sequence[str], generations: Sequence[Generation]
+        self,
+        episode_id: str,
+        call_ids: Sequence[str],
+        generations: Sequence[Generation],
+        base_call_id: str | None = None,
     ) -> bool:
         """Record the choices of one request as completed, all or nothing.
 
+        ``base_call_id``: the recorded call the request extends (its continuation record); each
+        choice then keeps its drift summary, whether that call's exact prompt + completion is a
+        token prefix of its prompt (packed int32 ids: a token prefix is a byte prefix).
         Returns False (recording nothing) when a call is no longer ``admitted`` (it was cancelled
         by a close meanwhile): the caller must then not deliver the response as if recorded.
         """
@@ -216,7 +239,9 @@ class Store(ExportQueries):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
         try:
             async with self._sessions.begin() as session:
+                base = await self._packed_full(session, base_call_id)
                 for call_id, gen in zip(call_ids, generations, strict=True):
+                    prompt = pack_ids(gen.prompt_token_ids)
                     seq = await self._next_seq(session, episode_id, need_open=False)
                     result = await session.execute(
                         update(Call)
@@ -225,13 +250,14 @@ class Store(ExportQueries):
                             status="completed",
                             completed_seq=seq,
                             finish_reason=gen.finish_reason,
-                            prompt_token_ids=pack_ids(gen.prompt_token_ids),
+                            prompt_token_ids=prompt,
                             completion_token_ids=pack_ids(gen.completion_token_ids),
                             completion_logprobs=pack_logprobs(gen.completion_logprobs),
                             prompt_tokens=len(gen.prompt_token_ids),
                             completion_tokens=len(gen.completion_token_ids),
                             usage=gen.usage,
                             reply_hash=gen.reply_hash,
+                            token_prefix=None if base is None else prompt.startswith(base),
                             completed_at=utcnow(),
                         )
                     )
@@ -243,11 +269,25 @@ class Store(ExportQueries):
             raise StoreError(f"could not record completion: {exc}") from exc
         return True
 
+    @staticmethod
+    async def _packed_full(session: AsyncSession, call_id: str | None) -> bytes | None:
+        """A call's packed prompt + completion ids (None when there is no such call)."""
+        if call_id is None:
+            return None
+        row = (
+            await session.execute(
+                select(Call.prompt_token_ids, Call.completion_token_ids).where(
+                    Call.call_id == call_id
+                )
+            )
+        ).first()
+        return None if row is None else bytes(row[0] or b"") + bytes(row[1] or b"")
+
     async def finish(
         self,
         episode_id: str,
         call_ids: Iterable[str],
-        status: str,
+        status: FailedStatus,
         error: str,
         prompt_token_ids: Sequence[int] | None = None,
     ) -> int:
@@ -288,8 +328,8 @@ class Store(ExportQueries):
             )
             return [_call_info(c) for c in calls]
 
-    async def prior_calls(self, episode_id: str, agent_id: str | None) -> list[PriorCall]:
-        """The agent's completed chat calls with message hashes (unlabelled = one agent)."""
+    async def prior_calls(self, episode_id: str, agent_id: str | None) -> list[CompletedChatCall]:
+        """The agent's completed chat calls with a continuation record (unlabelled = one agent)."""
         agent = Call.agent_id.is_(None) if agent_id is None else Call.agent_id == agent_id
         async with self._sessions() as session:
             rows = await session.execute(
@@ -304,23 +344,31 @@ class Store(ExportQueries):
                 )
                 .order_by(Call.completed_seq)
             )
-            priors = []
-            for call_id, completed_seq, role, continuation, reply_hash in rows:
-                info = continuation or {}
-                if "prefix_hash" not in info:
-                    continue
-                priors.append(
-                    PriorCall(
-                        call_id=call_id,
-                        completed_seq=int(completed_seq or 0),
-                        role=role,
-                        messages=int(info["messages"]),
-                        prefix_hash=str(info["prefix_hash"]),
-                        reply_hash=reply_hash,
-                        tools_hash=str(info.get("tools_hash", "")),
-                    )
+            return [
+                CompletedChatCall(
+                    call_id=call_id,
+                    completed_seq=int(completed_seq or 0),
+                    role=role,
+                    continuation=record,
+                    reply_hash=reply_hash,
                 )
-            return priors
+                for call_id, completed_seq, role, continuation, reply_hash in rows
+                if (record := parse_continuation(continuation)) is not None
+            ]
+
+    async def drift(self, episode_id: str) -> list[CallDrift]:
+        """The per-call drift summaries of an episode (no token is loaded)."""
+        async with self._sessions() as session:
+            await self._episode(session, episode_id)
+            rows = await session.execute(
+                select(Call.status, Call.continuation, Call.token_prefix)
+                .where(Call.episode_id == episode_id)
+                .order_by(Call.admitted_seq)
+            )
+            return [
+                CallDrift(status, parse_continuation(continuation), token_prefix)
+                for status, continuation, token_prefix in rows
+            ]
 
     async def call_tokens(self, call_id: str) -> tuple[list[int], list[int]]:
         """A call's exact prompt ids and sampled ids."""
@@ -340,7 +388,7 @@ class Store(ExportQueries):
             return list(ids)
 
     async def mark_call(
-        self, episode_id: str, call_id: str, mark: str | None, role: str | None = None
+        self, episode_id: str, call_id: str, mark: Mark | None, role: Role | None = None
     ) -> CallInfo:
         async with self._sessions.begin() as session:
             episode = await self._episode(session, episode_id)
@@ -357,7 +405,7 @@ class Store(ExportQueries):
             return _call_info(call)
 
     async def _apply_marks(
-        self, session: AsyncSession, episode_id: str, marks: dict[str, str]
+        self, session: AsyncSession, episode_id: str, marks: Mapping[str, Mark]
     ) -> None:
         for call_id, mark in marks.items():
             call = await session.get(Call, call_id)
@@ -369,7 +417,9 @@ class Store(ExportQueries):
 
     # -- closing ----------------------------------------------------------------------------
 
-    async def begin_close(self, episode_id: str, reward: float, marks: dict[str, str]) -> str:
+    async def begin_close(
+        self, episode_id: str, reward: float, marks: Mapping[str, Mark]
+    ) -> EpisodeStatus:
         """Stop admissions at once (``closing``) and record the reward and marks.
 
         Returns the episode's status after the call: ``closing``, or ``closed`` when it was
@@ -410,37 +460,37 @@ class Store(ExportQueries):
 
     # -- bundles ----------------------------------------------------------------------------
 
-    async def bundle(self, episode_id: str) -> dict[str, Any]:
-        """The episode bundle (docs/formats.md), with unpacked token arrays."""
+    async def bundle(self, episode_id: str) -> EpisodeBundle:
+        """The episode bundle (docs/formats.md): serialise it with ``to_dict()``."""
         async with self._sessions() as session:
             episode = await self._episode(session, episode_id)
             calls = await session.scalars(
                 select(Call).where(Call.episode_id == episode_id).order_by(Call.admitted_seq)
             )
-            return {
-                "schema": BUNDLE_SCHEMA,
-                "episode_id": episode.episode_id,
-                "group_id": episode.group_id,
-                "status": episode.status,
-                "reward": episode.reward,
-                "metadata": dict(episode.metadata_ or {}),
-                "calls": [
-                    {
-                        "call_id": c.call_id,
-                        "agent_id": c.agent_id,
-                        "parent_agent_id": c.parent_agent_id,
-                        "role": c.role,
-                        "status": c.status,
-                        "mark": c.mark,
-                        "admitted_seq": c.admitted_seq,
-                        "completed_seq": c.completed_seq,
-                        "finish_reason": c.finish_reason,
-                        "error": c.error,
-                        "prompt_token_ids": unpack_ids(c.prompt_token_ids),
-                        "completion_token_ids": unpack_ids(c.completion_token_ids),
-                        "completion_logprobs": unpack_logprobs(c.completion_logprobs),
-                        "continuation": c.continuation,
-                    }
-                    for c in calls
-                ],
-            }
+            return EpisodeBundle(
+                episode_id=episode.episode_id,
+                group_id=episode.group_id,
+                status=episode.status,
+                reward=episode.reward,
+                metadata=dict(episode.metadata_ or {}),
+                calls=tuple(_call_record(c) for c in calls),
+            )
+
+
+def _call_record(call: Call) -> CallRecord:
+    return CallRecord(
+        call_id=call.call_id,
+        agent_id=call.agent_id,
+        parent_agent_id=call.parent_agent_id,
+        role=call.role,  # type: ignore[arg-type]
+        status=call.status,  # type: ignore[arg-type]
+        mark=call.mark,  # type: ignore[arg-type]
+        admitted_seq=call.admitted_seq,
+        completed_seq=call.completed_seq,
+        finish_reason=call.finish_reason,
+        prompt_token_ids=ids_array(call.prompt_token_ids),
+        completion_token_ids=ids_array(call.completion_token_ids),
+        completion_logprobs=logprobs_array(call.completion_logprobs),
+        continuation=parse_continuation(call.continuation, f"call {call.call_id!r}"),
+        error=call.error,
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reconstruct import reconstruct_episode
-from tests.reconstruct.builders import EpisodeBuilder
+from tests.support.builders import EpisodeBuilder
 
 GOLDEN_DIR = Path(__file__).parent
 

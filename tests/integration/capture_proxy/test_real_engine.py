@@ -1,0 +1,179 @@
+"""The capture path against the real vLLM (tiny model): what is recorded is what the engine did.
+
+Each test compares the bundle with an independent source: vLLM's own ``/tokenize`` of the same
+messages, and a direct call to vLLM with the same seed (same sampled ids, same logprobs).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from capture_devkit.engine import VLLMServer
+from tests.fixtures.db import sqlite_url
+from tests.fixtures.proxy import ProxyFactory, ProxyServer
+
+pytestmark = pytest.mark.vllm
+
+MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "Count the files in the repository and report the number."},
+]
+
+
+@pytest.fixture
+def proxy(vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Any) -> ProxyServer:
+    return proxy_factory(sqlite_url(tmp_path / "capture.db"), upstream_url=vllm_server.base_url)
+
+
+def _direct(vllm: VLLMServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"{vllm.base_url}{path}", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    payload: dict[str, Any] = response.json()
+    return payload
+
+
+def _f32(values: list[float]) -> list[float]:
+    return np.asarray(values, dtype=np.float32).astype(np.float64).tolist()  # type: ignore[no-any-return]
+
+
+async def _new_episode(client: httpx.AsyncClient) -> tuple[str, str]:
+    created = (await client.post("/episodes", json={"group_id": "real"})).json()
+    return created["episode_id"], created["base_url"]
+
+
+async def _calls(client: httpx.AsyncClient, episode_id: str) -> list[dict[str, Any]]:
+    bundle = (await client.get(f"/episodes/{episode_id}/bundle")).json()
+    calls: list[dict[str, Any]] = bundle["calls"]
+    return calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_capture_equals_engine(
+    proxy: ProxyServer, vllm_server: VLLMServer, stream: bool
+) -> None:
+    request = {
+        "model": vllm_server.served_model_name,
+        "messages": MESSAGES,
+        "max_tokens": 24,
+        "seed": 1234,
+        "temperature": 1.0,
+        "stream": stream,
+    }
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+        episode_id, base_url = await _new_episode(client)
+        response = await client.post(f"{base_url}/chat/completions", json=request)
+        assert response.status_code == 200, response.text
+        if stream:
+            assert response.text.rstrip().endswith("data: [DONE]")
+            chunks = [
+                json.loads(line[6:])
+                for line in response.text.splitlines()
+                if line.startswith("data: {")
+            ]
+            assert all("token_ids" not in c for ch in chunks for c in ch["choices"])
+        else:
+            assert "prompt_token_ids" not in response.json()
+        [call] = await _calls(client, episode_id)
+
+    tokenized = _direct(
+        vllm_server, "/tokenize", {"model": request["model"], "messages": MESSAGES}
+    )["tokens"]
+    assert call["prompt_token_ids"] == tokenized
+
+    direct = _direct(
+        vllm_server,
+        "/v1/chat/completions",
+        {**request, "stream": False, "return_token_ids": True, "logprobs": True},
+    )
+    choice = direct["choices"][0]
+    assert direct["prompt_token_ids"] == tokenized
+    assert call["completion_token_ids"] == choice["token_ids"]
+    assert call["completion_logprobs"] == _f32(
+        [t["logprob"] for t in choice["logprobs"]["content"]]
+    )
+    assert call["finish_reason"] == choice["finish_reason"]
+    assert call["status"] == "completed"
+
+
+async def test_completions_token_prompt_and_n2(proxy: ProxyServer, vllm_server: VLLMServer) -> None:
+    prompt = _direct(
+        vllm_server,
+        "/tokenize",
+        {"model": vllm_server.served_model_name, "prompt": "def add(a, b):"},
+    )["tokens"]
+    request = {
+        "model": vllm_server.served_model_name,
+        "prompt": prompt,
+        "max_tokens": 12,
+        "n": 2,
+        "seed": 7,
+        "temperature": 1.0,
+    }
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+        episode_id, base_url = await _new_episode(client)
+        response = await client.post(f"{base_url}/completions", json=request)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert all("token_ids" not in c and c["logprobs"] is None for c in answer["choices"])
+        calls = await _calls(client, episode_id)
+
+    direct = _direct(
+        vllm_server, "/v1/completions", {**request, "return_token_ids": True, "logprobs": 1}
+    )
+    assert len(calls) == 2
+    assert [c["call_id"].rsplit("-", 1)[1] for c in calls] == ["0", "1"]
+    for call, choice in zip(
+        calls, sorted(direct["choices"], key=lambda c: c["index"]), strict=True
+    ):
+        assert call["prompt_token_ids"] == prompt
+        assert call["completion_token_ids"] == choice["token_ids"]
+        assert call["completion_logprobs"] == _f32(choice["logprobs"]["token_logprobs"])
+
+
+async def test_streamed_tool_call_is_passed_through(
+    proxy: ProxyServer, vllm_server: VLLMServer
+) -> None:
+    forced = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
+    request = {
+        "model": vllm_server.served_model_name,
+        "messages": MESSAGES,
+        "tools": tools,
+        "max_tokens": 64,
+        "seed": 3,
+        "stream": True,
+        "structured_outputs": {"regex": forced.replace("{", "\\{").replace("}", "\\}")},
+    }
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+        episode_id, base_url = await _new_episode(client)
+        response = await client.post(f"{base_url}/chat/completions", json=request)
+        assert response.status_code == 200, response.text
+        deltas = [
+            json.loads(line[6:])["choices"]
+            for line in response.text.splitlines()
+            if line.startswith("data: {")
+        ]
+        names = [
+            tc["function"].get("name")
+            for choices in deltas
+            for c in choices
+            for tc in (c.get("delta") or {}).get("tool_calls") or []
+        ]
+        assert "bash" in names
+        [call] = await _calls(client, episode_id)
+    assert call["status"] == "completed"
+    assert call["finish_reason"] == "tool_calls"
+    assert len(call["completion_token_ids"]) == len(call["completion_logprobs"]) > 0

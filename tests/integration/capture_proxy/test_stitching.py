@@ -1,0 +1,164 @@
+"""Exact-token continuation on the real vLLM with the controlled acceptance episode.
+
+One episode per mode (module-scoped). Stitch mode: every continuation that extends a recorded call
+with the same tools is stitched, its prompt equals token for token the base call's prompt +
+completion + the template's suffix (checked against vLLM's own render, independently of the
+proxy), and the harness still receives parsed tool calls, whole and streamed (the scripted harness
+raises if a forced tool call does not come back as ``tool_calls``). Pass-through mode records the
+drift: its continuations are not token prefixes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from capture_contracts.bundle import parse_bundle
+from capture_contracts.drift import bundle_drift, drift_report
+from capture_devkit.engine import VLLMServer
+from capture_devkit.harness import close_episode, fetch_bundle, open_episode, run_episode
+from capture_devkit.harness.trace import EpisodeTrace
+from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
+from reconstruct import reconstruct_episode
+from tests.fixtures.db import sqlite_url
+from tests.fixtures.proxy import ProxyServer
+
+pytestmark = pytest.mark.vllm
+
+Run = tuple[EpisodeTrace, dict[str, Any], dict[str, Any]]
+
+
+def _run(vllm: VLLMServer, store: Path, mode: str) -> Iterator[Run]:
+    settings = Settings(
+        store=StoreSettings(url=sqlite_url(store)),
+        upstream=UpstreamSettings(url=vllm.base_url),
+        continuation=mode,
+    )
+    server = ProxyServer(settings, None).start()
+
+    async def episode() -> Run:
+        episode_id, base_url = await open_episode(server.url, f"stitch-{mode}")
+        trace = await run_episode(base_url, episode_id=episode_id, group_id="g", seed=3)
+        closed = await close_episode(server.url, episode_id, 1.0, wait_s=5.0)
+        assert closed.status_code == 200, closed.text
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            info = (await client.get(f"/episodes/{episode_id}")).json()
+        return trace, await fetch_bundle(server.url, episode_id), info
+
+    try:
+        yield asyncio.run(episode())
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stitched(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from _run(vllm_server, tmp_path_factory.mktemp("stitch") / "c.db", "stitch")
+
+
+@pytest.fixture(scope="module")
+def passthrough(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from _run(vllm_server, tmp_path_factory.mktemp("pass") / "c.db", "passthrough")
+
+
+def _render(vllm: VLLMServer, body: dict[str, Any]) -> list[int]:
+    response = httpx.post(f"{vllm.base_url}/v1/chat/completions/render", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    ids: list[int] = response.json()["token_ids"]
+    return ids
+
+
+def test_continuations_are_stitched(stitched: Run) -> None:
+    trace, bundle, info = stitched
+    report = info["continuation"]
+    assert report == drift_report(bundle_drift(parse_bundle(bundle)))
+    # 10 calls: 3 agent roots, 1 compaction rewrite, every other continuation is stitched —
+    # the compaction call too (same tools, tool_choice "none": the same rendered system turn).
+    assert report["stitched"] == 6
+    assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3}
+    assert report["token_prefix_continuations"] == 6
+    by_step = {c.step: c for c in trace.calls}
+    calls = {c["call_id"]: c for c in bundle["calls"]}
+    for step in (
+        "parent.final",
+        "worker-a.turn1",
+        "worker-a.compact",
+        "worker-a.answer",
+        "worker-b.answer",
+    ):
+        assert calls[by_step[step].call_id]["continuation"]["stitched"], step
+    assert not calls[by_step["worker-a.turn2"].call_id]["continuation"]["stitched"]
+
+
+def test_stitched_prompt_is_base_plus_completion_plus_rendered_suffix(
+    stitched: Run, vllm_server: VLLMServer
+) -> None:
+    trace, bundle, _ = stitched
+    calls = {c["call_id"]: c for c in bundle["calls"]}
+    eot = httpx.post(
+        f"{vllm_server.base_url}/tokenize",
+        json={"model": "tiny", "prompt": "<|im_end|>", "add_special_tokens": False},
+    ).json()["tokens"][0]
+    checked = 0
+    for call in trace.calls:
+        record = calls[call.call_id]
+        info = record["continuation"]
+        if not info["stitched"]:
+            continue
+        base = calls[info["base_call_id"]]
+        request = {k: v for k, v in call.request.items() if k not in {"stream", "stream_options"}}
+        full_ids = _render(vllm_server, request)
+        base_messages = base["continuation"]["messages"]
+        head = request | {
+            "messages": call.messages[: base_messages + 1],
+            "add_generation_prompt": False,
+        }
+        head_ids = _render(vllm_server, head)
+        assert full_ids[: len(head_ids)] == head_ids
+        completion = base["completion_token_ids"]
+        if completion[-1] != eot:
+            completion = [*completion, eot]
+        trailer = head_ids[len(head_ids) - head_ids[::-1].index(eot) :]
+        expected = base["prompt_token_ids"] + completion + trailer + full_ids[len(head_ids) :]
+        assert record["prompt_token_ids"] == expected, call.step
+        assert record["completion_token_ids"] and len(record["completion_logprobs"]) == len(
+            record["completion_token_ids"]
+        )
+        checked += 1
+    assert checked == 6
+
+
+def test_stitched_episode_merges_into_context_rows(stitched: Run, passthrough: Run) -> None:
+    rows = reconstruct_episode(stitched[1]).accounting.rows
+    assert rows == 4  # one per context: parent, worker-a before/after compaction, worker-b
+    drift = passthrough[2]["continuation"]
+    assert drift["stitched"] == 0
+    assert drift["continuations"] == 6
+    assert drift["token_prefix_continuations"] == 0  # re-tokenisation drift (DESIGN §7)
+    assert reconstruct_episode(passthrough[1]).accounting.rows == 10
+
+
+def test_harness_answers_have_the_passthrough_shape(stitched: Run, passthrough: Run) -> None:
+    s_trace, p_trace = stitched[0], passthrough[0]
+    assert sorted(c.step for c in s_trace.calls) == sorted(c.step for c in p_trace.calls)
+    for s_call in s_trace.calls:
+        p_call = p_trace.step(s_call.step)
+        assert s_call.stream == p_call.stream
+        assert [t.name for t in s_call.tool_calls] == [t.name for t in p_call.tool_calls]
+        assert [t.arguments for t in s_call.tool_calls] == [t.arguments for t in p_call.tool_calls]
+        assert s_call.finish_reason == p_call.finish_reason, s_call.step
+        assert (s_call.content is None) == (p_call.content is None), s_call.step
+
+
+def test_stitched_answers_carry_no_end_of_turn_text(stitched: Run, passthrough: Run) -> None:
+    """The text a harness gets back never contains the end-of-turn token (it is not content)."""
+    assert not any("<|im_end|>" in (c.content or "") for c in passthrough[0].calls)
+    leaked = [c.step for c in stitched[0].calls if "<|im_end|>" in (c.content or "")]
+    assert leaked == []
+    # the stitched calls that stopped did sample the end-of-turn token: it is captured
+    assert any(c.finish_reason == "stop" for c in stitched[0].calls)

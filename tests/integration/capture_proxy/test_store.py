@@ -1,0 +1,66 @@
+"""Store-level guarantees on both backends: first terminal state wins, exports claim once."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect
+
+from capture_proxy.errors import Conflict, NotFound
+from capture_proxy.store.db import make_engine, make_sessionmaker
+from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from capture_proxy.store.records import Admission, Generation
+from capture_proxy.store.repository import Store
+
+GEN = Generation([1, 2], [3], [-0.5], "stop")
+
+
+async def test_schema_comes_from_the_migrations(store_url: str) -> None:
+    engine = make_engine(store_url)
+    async with engine.connect() as conn:
+        tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
+    await engine.dispose()
+    assert {"episodes", "calls", "exports", "alembic_version"} <= tables
+
+
+async def test_completion_after_cancellation_records_nothing(store_url: str) -> None:
+    store = Store(make_sessionmaker(make_engine(store_url)))
+    ep = (await store.create_episode("s")).episode_id
+    [call] = await store.admit(ep, Admission("chat", False, 1, "policy"))
+    assert await store.finish(ep, [call], "cancelled", "cancelled_by_close") == 1
+    assert await store.complete(ep, [call], [GEN]) is False
+    assert await store.finish(ep, [call], "failed", "late") == 0
+    [info] = await store.list_calls(ep)
+    assert (info.status, info.error, info.completed_seq) == (
+        "cancelled",
+        "cancelled_by_close",
+        None,
+    )
+
+
+async def test_admission_needs_an_open_episode(store_url: str) -> None:
+    store = Store(make_sessionmaker(make_engine(store_url)))
+    with pytest.raises(NotFound):
+        await store.admit("missing", Admission("chat", False, 1, "policy"))
+    ep = (await store.create_episode("s")).episode_id
+    await store.begin_close(ep, 1.0, {})
+    with pytest.raises(Conflict):
+        await store.admit(ep, Admission("chat", False, 1, "policy"))
+    assert (await store.get_episode(ep)).calls.admitted == 0
+
+
+async def test_an_episode_is_claimed_by_one_export_only(store_url: str) -> None:
+    store = Store(make_sessionmaker(make_engine(store_url)))
+    ep = (await store.create_episode("s")).episode_id
+    await store.begin_close(ep, 1.0, {})
+    assert await store.finish_close(ep)
+    assert await store.exports.record_export("rows-a.parquet", 1, [ep]) is not None
+    assert await store.exports.record_export("rows-b.parquet", 1, [ep]) is None
+    assert "rows-b.parquet" not in await store.exports.export_paths()
+
+
+def test_packing_round_trip() -> None:
+    ids = [0, 1, 151_000, 2**31 - 1]
+    assert unpack_ids(pack_ids(ids)) == ids
+    assert len(pack_ids(ids)) == 4 * len(ids)
+    assert unpack_logprobs(pack_logprobs([-0.5, -1.25])) == [-0.5, -1.25]
+    assert unpack_ids(b"") == [] and unpack_logprobs(None) == []
