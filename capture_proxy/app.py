@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
 from capture_proxy.api import episodes, openai
+from capture_proxy.api.capture_router import CaptureRouter
 from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
@@ -58,6 +59,7 @@ def create_app(
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     migrate: bool = True,
 ) -> FastAPI:
+    """The proxy's ASGI app; the generation routes' fast lane wraps FastAPI's middleware."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -66,11 +68,17 @@ def create_app(
             await upgrade_async(settings.store.url)
         engine = make_engine(settings.store.url, echo=settings.store.echo)
         upstream = Upstream(settings.upstream, transport=upstream_transport)
-        app.state.service = CaptureService(settings, Store(make_sessionmaker(engine)), upstream)
+        store = Store(
+            make_sessionmaker(engine),
+            sqlite_synchronous=settings.store.sqlite_synchronous,
+            max_batch=settings.store.max_batch,
+        )
+        app.state.service = CaptureService(settings, store, upstream)
         try:
             yield
         finally:
             await upstream.aclose()
+            await store.aclose()
             await engine.dispose()
 
     app = FastAPI(title="capture-proxy", version=__version__, lifespan=lifespan)
@@ -91,4 +99,5 @@ def create_app(
             service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    app.add_middleware(CaptureRouter, service=lambda: app.state.service)
     return app

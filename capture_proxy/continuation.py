@@ -16,11 +16,10 @@ report, :mod:`capture_contracts.drift`, is computed from it).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import httpx
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
@@ -29,19 +28,21 @@ from capture_proxy.stitch import (
     Extends,
     Fresh,
     PriorCall,
+    Priors,
     ReplyAccumulator,
     Stitched,
     chain,
     chain_next,
-    choose_base,
     reply_message,
     stitch_prompt,
     tools_hash,
 )
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.upstream import TOKENIZE, Upstream, UpstreamReply, sse_events
+from capture_proxy.upstream import TOKENIZE, RawResponse, Upstream, UpstreamReply, sse_events
 
+#: Choices worth a second look after reading the agent's calls completed elsewhere since.
+_LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
 #: Statuses with which vLLM refuses the scale-out routes when they are not enabled.
 _UNAVAILABLE = {403, 404, 405, 501}
 _STREAM_ONLY = ("stream", "stream_options")
@@ -87,12 +88,75 @@ def _prior(call: CompletedChatCall) -> PriorCall | None:
 
 
 class Continuations:
+    """Plans chat calls; keeps each agent's recorded calls indexed in memory (bounded LRU).
+
+    The index of an (episode, agent) is loaded from the store once, then kept up to date by the
+    completions this process records (:meth:`remember`). When it finds no call to continue, the
+    calls the agent completed since (through another proxy process sharing the store) are read
+    by ``completed_seq`` — an indexed range, never a scan of the episode.
+    """
+
     def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
         self.mode = settings.continuation
         self.end_of_turn = settings.end_of_turn_token
         self.store = store
         self.upstream = upstream
         self._eot_id: int | None = None
+        self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
+        self._max_agents = settings.continuation_cache_agents
+
+    async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
+        for call in await self.store.chat_calls_since(key[0], key[1], priors.read_until):
+            priors.read_until = max(priors.read_until, call.completed_seq)
+            prior = _prior(call)
+            if prior is not None:
+                priors.add(prior)
+
+    async def _choose(
+        self, episode_id: str, agent_id: str | None, hashes: list[str], tools: str
+    ) -> Extends | Fresh:
+        key = (episode_id, agent_id)
+        priors = self._priors.get(key)
+        if priors is None:
+            priors = self._priors[key] = Priors()
+            if len(self._priors) > self._max_agents:
+                self._priors.popitem(last=False)
+            await self._catch_up(key, priors)
+            return priors.choose(hashes, tools)
+        self._priors.move_to_end(key)
+        choice = priors.choose(hashes, tools)
+        if isinstance(choice, Fresh) and choice.reason in _LOOK_AGAIN:
+            await self._catch_up(key, priors)
+            choice = priors.choose(hashes, tools)
+        return choice
+
+    def remember(
+        self,
+        episode_id: str,
+        agent_id: str | None,
+        role: str,
+        plan: Plan | None,
+        call_ids: Sequence[str],
+        generations: Sequence[Generation],
+        completed_seqs: Sequence[int],
+    ) -> None:
+        """Index the chat calls this process just completed (their reply hashes are set)."""
+        priors = self._priors.get((episode_id, agent_id))
+        record = plan.record if plan is not None else None
+        if priors is None or record is None or record.prefix_hash is None:
+            return
+        for call_id, gen, seq in zip(call_ids, generations, completed_seqs, strict=True):
+            priors.add(
+                PriorCall(
+                    call_id=call_id,
+                    completed_seq=seq,
+                    role=role,
+                    messages=record.messages or 0,
+                    prefix_hash=record.prefix_hash,
+                    reply_hash=gen.reply_hash,
+                    tools_hash=record.tools_hash or "",
+                )
+            )
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -112,8 +176,7 @@ class Continuations:
             tools_hash=tools,
         )
         plan = Plan(record, prefix_hash=hashes[-1])
-        priors = [_prior(c) for c in await self.store.prior_calls(episode_id, agent_id)]
-        choice = choose_base([p for p in priors if p is not None], hashes, tools)
+        choice = await self._choose(episode_id, agent_id, hashes, tools)
         if isinstance(choice, Fresh):
             base = choice.base.call_id if choice.base else None
             plan.record = replace(record, reason=choice.reason, base_call_id=base)
@@ -173,7 +236,7 @@ class Continuations:
         )
         if full is None or head is None:
             return "render_failed"
-        prompt, completion = await self.store.call_tokens(choice.base.call_id)
+        prompt, completion = await self.store.call_tokens(choice.base.call_id)  # one key read
         eot = await self._end_of_turn_id(body.get("model"))
         stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full["token_ids"])
         if isinstance(stitched, Fresh):
@@ -225,15 +288,13 @@ class Continuations:
         answer = chat_answer(derendered.body, reply.body, token.prompt_ids)
         return UpstreamReply(200, with_end_of_turn_logprob(answer, reply.body, token))
 
-    async def open_stream(
-        self, plan: Plan | None, path: str, body: dict[str, Any]
-    ) -> httpx.Response:
+    async def open_stream(self, plan: Plan | None, path: str, body: dict[str, Any]) -> RawResponse:
         if plan is None or plan.token is None:
             return await self.upstream.open_stream(path, body)
         response = await self.upstream.open_generate_stream(plan.token.generate_body)
         if response.status_code >= 400:
             return response
-        return httpx.Response(200, stream=_DerenderedStream(self.upstream, response, plan.token))
+        return _DerenderedStream(self.upstream, response, plan.token)
 
     # -- recording --------------------------------------------------------------------------
 
@@ -353,15 +414,21 @@ def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-class _DerenderedStream(httpx.AsyncByteStream):
-    """The engine's token stream, derendered chunk by chunk into chat completion chunks."""
+class _DerenderedStream:
+    """The engine's token stream, derendered chunk by chunk into chat completion chunks (a
+    :class:`~capture_proxy.upstream.RawResponse`, like the pass-through stream)."""
 
-    def __init__(self, upstream: Upstream, response: httpx.Response, token: TokenRequest) -> None:
+    status_code = 200
+
+    def __init__(self, upstream: Upstream, response: RawResponse, token: TokenRequest) -> None:
         self.upstream = upstream
         self.response = response
         self.token = token
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
         states: dict[int, Any] = {}
         first = True
         async for data in sse_events(self.response):

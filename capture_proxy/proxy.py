@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.responses import Response
+import orjson
+from starlette.responses import Response, StreamingResponse
 
 from capture_contracts.vocabulary import (
     CANCELLED_BY_CLOSE,
@@ -42,7 +40,7 @@ from capture_proxy.metrics import Metrics
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.upstream import Upstream, error_body_from, sse_events
+from capture_proxy.upstream import RawResponse, Upstream, error_body_from, sse_batches
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +55,45 @@ class _InFlight:
 
     episode_id: str
     call_ids: list[str]
+    agent_id: str | None = None
+    role: str = "policy"
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def _pass_on(
+    events: list[str], entry: _InFlight, capture: StreamCapture, wants: ClientWants
+) -> tuple[bytes, bool]:
+    """Capture a batch of streamed chunks; what the harness gets of them, and whether [DONE] came.
+
+    What arrived together goes out together: one write, not one per event.
+    """
+    out: list[bytes] = []
+    for data in events:
+        if data.strip() == "[DONE]":
+            return b"".join(out), True
+        chunk = orjson.loads(data)
+        if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
+            raise UpstreamError(f"engine error in stream: {chunk['error']}")
+        capture.feed(chunk)
+        if entry.plan is not None:
+            entry.plan.replies.feed(chunk)
+        out.append(_sse(scrub(chunk, wants)))
+    return b"".join(out), False
+
+
+class JSONResponse(Response):
+    """A JSON answer serialised with orjson (starlette's uses the stdlib encoder)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
 
 
 def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
@@ -140,7 +170,7 @@ class CaptureService:
         )
         self.metrics.admitted(endpoint, n, plan.record)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
-        entry = _InFlight(episode_id, call_ids, plan=plan)
+        entry = _InFlight(episode_id, call_ids, attribution.agent_id, attribution.role, plan=plan)
         self._in_flight[request_id] = entry
         try:
             if stream:
@@ -158,9 +188,20 @@ class CaptureService:
     async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
         record = entry.plan.record if entry.plan is not None else None
         base = record.base_call_id if record is not None else None
-        done = await self.store.complete(entry.episode_id, entry.call_ids, generations, base)
-        self.metrics.finished("completed", len(entry.call_ids) if done else 0)
-        return done
+        seqs = await self.store.writer.complete(entry.episode_id, entry.call_ids, generations, base)
+        self.metrics.finished("completed", len(entry.call_ids) if seqs is not None else 0)
+        if seqs is None:
+            return False
+        self.continuations.remember(
+            entry.episode_id,
+            entry.agent_id,
+            entry.role,
+            entry.plan,
+            entry.call_ids,
+            generations,
+            seqs,
+        )
+        return True
 
     async def _whole(
         self,
@@ -238,7 +279,7 @@ class CaptureService:
         entry: _InFlight,
         request_id: str,
         endpoint: Endpoint,
-        response: httpx.Response,
+        response: RawResponse,
         wants: ClientWants,
         n: int,
     ) -> AsyncIterator[bytes]:
@@ -246,19 +287,16 @@ class CaptureService:
         capture = StreamCapture(endpoint, n)
         settled = False
         try:
-            async for data in sse_events(response):
-                if data.strip() == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
-                    raise UpstreamError(f"engine error in stream: {chunk['error']}")
-                capture.feed(chunk)
-                if entry.plan is not None:
-                    entry.plan.replies.feed(chunk)
-                yield _sse(scrub(chunk, wants))
+            done = False
+            async for events in sse_batches(response):
+                out, done = _pass_on(events, entry, capture, wants)
+                if out:
+                    yield out
                 if entry.cancelled.is_set():
                     raise UpstreamError("cancelled by close")
-            else:
+                if done:
+                    break
+            if not done:
                 raise UpstreamError("the engine's stream ended without [DONE]")
             generations = self.continuations.replies(entry.plan, capture.generations())
             if await self._complete(entry, generations):

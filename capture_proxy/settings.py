@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ImportString, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +42,15 @@ class UpstreamSettings(BaseModel):
 class StoreSettings(BaseModel):
     url: str = Field("sqlite+aiosqlite:///./capture.db", description="SQLAlchemy async URL.")
     echo: bool = False
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
+        "FULL",
+        description="What a committed call survives on SQLite (WAL): FULL (default) fsyncs every "
+        "commit — a process crash and a power loss; NORMAL syncs at checkpoints only — a process "
+        "crash, not a power loss. Responses are released after the commit either way.",
+    )
+    max_batch: int = Field(
+        256, ge=1, description="Most operations the store writer commits in one transaction."
+    )
 
 
 class RoleRule(BaseModel):
@@ -122,6 +131,12 @@ class Settings(BaseSettings):
         " generation, needs vLLM --enable-scale-out; without it each call falls back to a fresh"
         " render, reason `token_path_unavailable`); `passthrough`: forward chat requests as sent"
         " (engines without token-in generation).",
+    )
+    continuation_cache_agents: int = Field(
+        4096,
+        ge=1,
+        description="How many (episode, agent) call indexes stitching keeps in memory (least "
+        "recently used out; an evicted one is read back from the store when needed).",
     )
     end_of_turn_token: str = Field(
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."

@@ -196,6 +196,56 @@ def _rank(prior: PriorCall) -> tuple[int, int]:
     return prior.messages, prior.completed_seq
 
 
+class Priors:
+    """One agent's recorded calls, indexed so that choosing a base costs O(messages), not O(calls).
+
+    Same answers as :func:`choose_base` over the same calls (a property test holds them equal):
+    a prior P is extended by a request when ``hashes[P.messages + 1] == P.reply_hash``, so the
+    request's own hash chain is looked up in a dict of reply hashes; ``assistant_edited`` looks up
+    its prefix hashes the same way; ``compaction_rewrite`` needs only the latest call.
+    """
+
+    def __init__(self) -> None:
+        self._by_reply: dict[str, list[PriorCall]] = {}
+        self._by_prefix: dict[str, list[PriorCall]] = {}
+        self._ids: set[str] = set()
+        self.latest: PriorCall | None = None
+        #: Every call up to this ``completed_seq`` has been read from the store (calls added
+        #: since by this process may lie beyond it; reading again from here finds the rest).
+        self.read_until = 0
+
+    def add(self, prior: PriorCall) -> None:
+        if prior.call_id in self._ids:
+            return
+        self._ids.add(prior.call_id)
+        if prior.reply_hash is not None:
+            self._by_reply.setdefault(prior.reply_hash, []).append(prior)
+        self._by_prefix.setdefault(prior.prefix_hash, []).append(prior)
+        if self.latest is None or prior.completed_seq > self.latest.completed_seq:
+            self.latest = prior
+
+    def choose(self, hashes: Sequence[str], tools: str) -> Extends | Fresh:
+        if self.latest is None:
+            return Fresh("no_previous_call")
+        m = len(hashes) - 1
+        matches = [
+            p
+            for k in range(1, m + 1)
+            for p in self._by_reply.get(hashes[k], ())
+            if p.messages + 1 == k
+        ]
+        if matches:
+            same_tools = [p for p in matches if p.tools_hash == tools]
+            if not same_tools:
+                return Fresh("tools_changed", max(matches, key=_rank))
+            return Extends(max(same_tools, key=_rank))
+        if any(p.messages == k for k in range(m) for p in self._by_prefix.get(hashes[k], ())):
+            return Fresh("assistant_edited")
+        if self.latest.role == "compaction":
+            return Fresh("compaction_rewrite")
+        return Fresh("not_an_extension")
+
+
 # -- the stitched prompt ----------------------------------------------------------------------
 
 

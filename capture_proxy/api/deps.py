@@ -1,4 +1,5 @@
-"""Dependency aliases for thin route handlers."""
+"""Dependency aliases for thin route handlers (async: FastAPI runs sync dependencies in a
+thread pool, a thread hop per request)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from capture_proxy.proxy import CaptureService
 from capture_proxy.store.repository import Store
 
 
-def _service(request: Request) -> CaptureService:
+async def _service(request: Request) -> CaptureService:
     service: CaptureService = request.app.state.service
     return service
 
 
-def _store(request: Request) -> Store:
-    return _service(request).store
+async def _store(request: Request) -> Store:
+    service: CaptureService = request.app.state.service
+    return service.store
 
 
 def base_url_for(request: Request, episode_id: str) -> str:

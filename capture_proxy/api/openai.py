@@ -1,43 +1,54 @@
-"""OpenAI-compatible routes, per episode by path or by the ``X-Episode-Id`` header."""
+"""OpenAI-compatible routes, per episode by path or by the ``X-Episode-Id`` header.
+
+The generation routes are answered by the fast lane in front of FastAPI
+(:mod:`capture_proxy.api.capture_router`); they are declared here for the OpenAPI schema, and both
+call :func:`handle_capture`.
+"""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import Mapping
 
+import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from capture_proxy.api.deps import ServiceDep, StoreDep
 from capture_proxy.capture import Endpoint
 from capture_proxy.errors import BadRequest
+from capture_proxy.proxy import CaptureService
 
 router = APIRouter(tags=["openai"])
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+async def handle_capture(
+    service: CaptureService,
+    episode_id: str | None,
+    endpoint: Endpoint,
+    raw: bytes,
+    headers: Mapping[str, str],
+) -> Response:
+    """One generation request: its episode (path, else ``X-Episode-Id``), JSON body, call."""
+    if episode_id is None:
+        episode_id = headers.get("x-episode-id")
+        if not episode_id:
+            raise BadRequest(
+                "no episode: use /episodes/{episode_id}/v1/... or send the X-Episode-Id header",
+                param="X-Episode-Id",
+            )
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
-
-
-def _header_episode(request: Request) -> str:
-    episode_id = request.headers.get("x-episode-id")
-    if not episode_id:
-        raise BadRequest(
-            "no episode: use /episodes/{episode_id}/v1/... or send the X-Episode-Id header",
-            param="X-Episode-Id",
-        )
-    return episode_id
+    return await service.handle(episode_id, endpoint, body, headers)
 
 
 async def _proxy(
-    service: ServiceDep, request: Request, episode_id: str, endpoint: Endpoint
+    service: ServiceDep, request: Request, episode_id: str | None, endpoint: Endpoint
 ) -> Response:
-    body = await _json_body(request)
-    return await service.handle(episode_id, endpoint, body, request.headers)
+    return await handle_capture(
+        service, episode_id, endpoint, await request.body(), request.headers
+    )
 
 
 @router.post("/episodes/{episode_id}/v1/chat/completions")
@@ -58,12 +69,12 @@ async def models(episode_id: str, service: ServiceDep, store: StoreDep) -> Respo
 
 @router.post("/v1/chat/completions")
 async def chat_by_header(service: ServiceDep, request: Request) -> Response:
-    return await _proxy(service, request, _header_episode(request), "chat")
+    return await _proxy(service, request, None, "chat")
 
 
 @router.post("/v1/completions")
 async def completions_by_header(service: ServiceDep, request: Request) -> Response:
-    return await _proxy(service, request, _header_episode(request), "completions")
+    return await _proxy(service, request, None, "completions")
 
 
 @router.get("/v1/models")

@@ -58,7 +58,10 @@ class Episode(Base):
 
 class Call(Base):
     __tablename__ = "calls"
-    __table_args__ = (Index("ix_calls_episode_status", "episode_id", "status"),)
+    __table_args__ = (
+        Index("ix_calls_episode_status", "episode_id", "status"),
+        Index("ix_calls_episode_agent_completed", "episode_id", "agent_id", "completed_seq"),
+    )
 
     call_id: Mapped[str] = mapped_column(String(80), primary_key=True)
     episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.episode_id"), index=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from capture_contracts.bundle import (
@@ -25,13 +25,11 @@ from capture_contracts.bundle import (
 from capture_contracts.drift import CallDrift
 from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
-from capture_proxy.store.exports import ExportQueries, Rollback
+from capture_proxy.store.exports import ExportQueries
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
     logprobs_array,
-    pack_ids,
-    pack_logprobs,
     unpack_ids,
 )
 from capture_proxy.store.records import (
@@ -42,6 +40,7 @@ from capture_proxy.store.records import (
     EpisodeInfo,
     Generation,
 )
+from capture_proxy.store.writer import SqliteSynchronous, Writer
 
 
 def new_id(prefix: str) -> str:
@@ -71,11 +70,28 @@ def _call_info(call: Call) -> CallInfo:
 
 
 class Store:
-    """The proxy's and the job's only way into the database; the job's queries are ``exports``."""
+    """The proxy's and the job's only way into the database.
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    The capture path's changes (admissions, completions, failures) go through the group-commit
+    :class:`~capture_proxy.store.writer.Writer`; episode management and reads use ORM sessions;
+    the reconstruction job's queries are ``exports``.
+    """
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        sqlite_synchronous: SqliteSynchronous = "FULL",
+        max_batch: int = 256,
+    ) -> None:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
+        engine = sessions.kw["bind"]
+        self.writer = Writer(engine, sqlite_synchronous=sqlite_synchronous, max_batch=max_batch)
+
+    async def aclose(self) -> None:
+        """Stop the writer (what it was given is committed first)."""
+        await self.writer.aclose()
 
     # -- episodes ---------------------------------------------------------------------------
 
@@ -185,40 +201,7 @@ class Store:
         call_ids = (
             [request_id] if admission.n == 1 else [f"{request_id}-{i}" for i in range(admission.n)]
         )
-        try:
-            async with self._sessions.begin() as session:
-                for index, call_id in enumerate(call_ids):
-                    seq = await self._next_seq(session, episode_id, need_open=True)
-                    if seq is None:
-                        episode = await self._episode(session, episode_id)
-                        raise Conflict(
-                            f"episode {episode_id!r} is {episode.status}; it admits no calls",
-                            code="episode_not_open",
-                        )
-                    session.add(
-                        Call(
-                            call_id=call_id,
-                            episode_id=episode_id,
-                            request_id=request_id,
-                            choice_index=index,
-                            endpoint=admission.endpoint,
-                            stream=admission.stream,
-                            agent_id=admission.agent_id,
-                            parent_agent_id=admission.parent_agent_id,
-                            role=admission.role,
-                            status="admitted",
-                            admitted_seq=seq,
-                            model=admission.model,
-                            continuation=(
-                                None
-                                if admission.continuation is None
-                                else admission.continuation.to_dict()
-                            ),
-                        )
-                    )
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not admit call: {exc}") from exc
-        return call_ids
+        return await self.writer.admit(episode_id, admission, call_ids)
 
     async def complete(
         self,
@@ -235,53 +218,9 @@ class Store:
         Returns False (recording nothing) when a call is no longer ``admitted`` (it was cancelled
         by a close meanwhile): the caller must then not deliver the response as if recorded.
         """
-        if len(call_ids) != len(generations):
-            raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
-        try:
-            async with self._sessions.begin() as session:
-                base = await self._packed_full(session, base_call_id)
-                for call_id, gen in zip(call_ids, generations, strict=True):
-                    prompt = pack_ids(gen.prompt_token_ids)
-                    seq = await self._next_seq(session, episode_id, need_open=False)
-                    result = await session.execute(
-                        update(Call)
-                        .where(Call.call_id == call_id, Call.status == "admitted")
-                        .values(
-                            status="completed",
-                            completed_seq=seq,
-                            finish_reason=gen.finish_reason,
-                            prompt_token_ids=prompt,
-                            completion_token_ids=pack_ids(gen.completion_token_ids),
-                            completion_logprobs=pack_logprobs(gen.completion_logprobs),
-                            prompt_tokens=len(gen.prompt_token_ids),
-                            completion_tokens=len(gen.completion_token_ids),
-                            usage=gen.usage,
-                            reply_hash=gen.reply_hash,
-                            token_prefix=None if base is None else prompt.startswith(base),
-                            completed_at=utcnow(),
-                        )
-                    )
-                    if result.rowcount != 1:  # type: ignore[attr-defined]
-                        raise Rollback
-        except Rollback:
-            return False
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not record completion: {exc}") from exc
-        return True
-
-    @staticmethod
-    async def _packed_full(session: AsyncSession, call_id: str | None) -> bytes | None:
-        """A call's packed prompt + completion ids (None when there is no such call)."""
-        if call_id is None:
-            return None
-        row = (
-            await session.execute(
-                select(Call.prompt_token_ids, Call.completion_token_ids).where(
-                    Call.call_id == call_id
-                )
-            )
-        ).first()
-        return None if row is None else bytes(row[0] or b"") + bytes(row[1] or b"")
+        return (
+            await self.writer.complete(episode_id, call_ids, generations, base_call_id) is not None
+        )
 
     async def finish(
         self,
@@ -294,31 +233,7 @@ class Store:
         """Move still-admitted calls to ``failed`` or ``cancelled``; returns how many moved."""
         if status not in {"failed", "cancelled"}:
             raise StoreError(f"finish() takes failed or cancelled, not {status!r}")
-        moved = 0
-        try:
-            async with self._sessions.begin() as session:
-                for call_id in call_ids:
-                    values: dict[str, Any] = {
-                        "status": status,
-                        "error": error[:4000],
-                        "completed_at": utcnow(),
-                    }
-                    if prompt_token_ids:
-                        values["prompt_token_ids"] = pack_ids(prompt_token_ids)
-                        values["prompt_tokens"] = len(prompt_token_ids)
-                    result = await session.execute(
-                        update(Call)
-                        .where(
-                            Call.call_id == call_id,
-                            Call.episode_id == episode_id,
-                            Call.status == "admitted",
-                        )
-                        .values(**values)
-                    )
-                    moved += result.rowcount  # type: ignore[attr-defined]
-        except SQLAlchemyError as exc:
-            raise StoreError(f"could not record {status} call: {exc}") from exc
-        return moved
+        return await self.writer.finish(episode_id, list(call_ids), status, error, prompt_token_ids)
 
     async def list_calls(self, episode_id: str) -> list[CallInfo]:
         async with self._sessions() as session:
@@ -328,33 +243,20 @@ class Store:
             )
             return [_call_info(c) for c in calls]
 
-    async def prior_calls(self, episode_id: str, agent_id: str | None) -> list[CompletedChatCall]:
-        """The agent's completed chat calls with a continuation record (unlabelled = one agent)."""
-        agent = Call.agent_id.is_(None) if agent_id is None else Call.agent_id == agent_id
-        async with self._sessions() as session:
-            rows = await session.execute(
-                select(
-                    Call.call_id, Call.completed_seq, Call.role, Call.continuation, Call.reply_hash
-                )
-                .where(
-                    Call.episode_id == episode_id,
-                    Call.status == "completed",
-                    Call.endpoint == "chat",
-                    agent,
-                )
-                .order_by(Call.completed_seq)
+    async def chat_calls_since(
+        self, episode_id: str, agent_id: str | None, since: int = 0
+    ) -> list[CompletedChatCall]:
+        """The agent's completed chat calls with a continuation record and ``completed_seq``
+        above ``since`` (unlabelled = one agent), in completion order."""
+        return [
+            CompletedChatCall(
+                call_id=call_id, completed_seq=seq, role=role, continuation=record, reply_hash=reply
             )
-            return [
-                CompletedChatCall(
-                    call_id=call_id,
-                    completed_seq=int(completed_seq or 0),
-                    role=role,
-                    continuation=record,
-                    reply_hash=reply_hash,
-                )
-                for call_id, completed_seq, role, continuation, reply_hash in rows
-                if (record := parse_continuation(continuation)) is not None
-            ]
+            for call_id, seq, role, continuation, reply in await self.writer.chat_calls_since(
+                episode_id, agent_id, since
+            )
+            if (record := parse_continuation(continuation)) is not None
+        ]
 
     async def drift(self, episode_id: str) -> list[CallDrift]:
         """The per-call drift summaries of an episode (no token is loaded)."""
@@ -372,11 +274,8 @@ class Store:
 
     async def call_tokens(self, call_id: str) -> tuple[list[int], list[int]]:
         """A call's exact prompt ids and sampled ids."""
-        async with self._sessions() as session:
-            call = await session.get(Call, call_id)
-            if call is None:
-                raise NotFound(f"call {call_id!r} not found", param="call_id")
-            return unpack_ids(call.prompt_token_ids), unpack_ids(call.completion_token_ids)
+        prompt, completion = await self.writer.call_tokens(call_id)
+        return unpack_ids(prompt), unpack_ids(completion)
 
     async def outstanding(self, episode_id: str) -> list[str]:
         async with self._sessions() as session:

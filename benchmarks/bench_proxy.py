@@ -1,0 +1,324 @@
+"""Capture-path cost: this proxy against the engine directly, one run, interleaved (issue 11).
+
+::
+
+    python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
+                                     [--duration 5] [--long N] [--memory N] [--peer] [--json]
+
+Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
+logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
+for every concurrency runs, interleaved: direct (the stub), the proxy non-streaming, the proxy
+streaming — 16 episodes round robin, one agent each. Per target: requests/s, p50/p99 latency and,
+for the proxy, CPU per call (the proxy process's user + system time over the calls it served, the
+durable commit included) and RSS. ``--long N``: N sequential calls of one agent (labelled, then
+unlabelled) and the CPU of the last 50 vs calls 10–60. ``--memory N``: RSS after 1,000 vs N calls.
+``--peer``: also the Agent Lightning 1.0.2 gateway (benchmarks/peer_agl.py, its own Python 3.12
+venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
+(it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
+per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from loadkit import Connection, StubEngine, process_cpu_s, process_rss_mb, run_load
+from peer_agl import PeerTarget, peer
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = json.dumps(
+    {"model": "stub", "messages": [{"role": "user", "content": "What is two plus two?"}]}
+).encode()
+STREAM = json.dumps(
+    {
+        "model": "stub",
+        "stream": True,
+        "messages": [{"role": "user", "content": "What is two plus two?"}],
+    }
+).encode()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not up in {timeout_s} s")
+
+
+@contextmanager
+def process(args: Sequence[str], url: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    proc = subprocess.Popen(list(args), env=env, start_new_session=True)
+    try:
+        _wait_http(url, proc)
+        yield proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _episodes(proxy_url: str, n: int) -> list[str]:
+    return [
+        httpx.post(f"{proxy_url}/episodes", json={"group_id": "bench"}).json()["episode_id"]
+        for _ in range(n)
+    ]
+
+
+def measure(
+    port: int,
+    paths: Sequence[str],
+    body: bytes,
+    concurrency: int,
+    duration: float,
+    pid: int | None,
+    headers: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    cpu0 = process_cpu_s(pid) if pid else 0.0
+    result, elapsed = asyncio.run(
+        run_load("127.0.0.1", port, paths, body, concurrency, duration, headers)
+    )
+    calls = len(result.latencies)
+    out: dict[str, Any] = {
+        "calls": calls,
+        "errors": result.errors,
+        "statuses": result.statuses,
+        "rps": calls / elapsed,
+        "p50_ms": 1000 * _percentile(result.latencies, 0.5),
+        "p99_ms": 1000 * _percentile(result.latencies, 0.99),
+    }
+    if pid:
+        out["cpu_ms_per_call"] = 1000 * (process_cpu_s(pid) - cpu0) / max(calls, 1)
+        out["rss_mb"] = process_rss_mb(pid)
+    return out
+
+
+async def _sequential(port: int, path: str, n: int, headers: Sequence[tuple[str, str]]) -> None:
+    conn = Connection("127.0.0.1", port)
+    for _ in range(n):
+        status, _ = await conn.request(path, CHAT, headers)
+        assert status == 200, status
+    await conn.close()
+
+
+def long_episode(proxy_url: str, port: int, pid: int, n: int, labelled: bool) -> dict[str, Any]:
+    """CPU per call early (calls 10–60) and late (the last 50) in one agent's long episode."""
+    (episode,) = _episodes(proxy_url, 1)
+    path = f"/episodes/{episode}/v1/chat/completions"
+    headers = [("x-agent-id", "agent")] if labelled else []
+    asyncio.run(_sequential(port, path, 10, headers))
+    cpu0 = process_cpu_s(pid)
+    asyncio.run(_sequential(port, path, 50, headers))
+    early = (process_cpu_s(pid) - cpu0) / 50
+    asyncio.run(_sequential(port, path, n - 110, headers))
+    cpu1 = process_cpu_s(pid)
+    asyncio.run(_sequential(port, path, 50, headers))
+    late = (process_cpu_s(pid) - cpu1) / 50
+    return {"calls": n, "early_ms": 1000 * early, "late_ms": 1000 * late, "ratio": late / early}
+
+
+def memory(proxy_url: str, port: int, pid: int, n: int) -> dict[str, Any]:
+    episodes = _episodes(proxy_url, 16)
+    paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
+
+    async def calls(count: int) -> None:
+        conns = [Connection("127.0.0.1", port) for _ in range(16)]
+
+        async def one(k: int) -> None:
+            for i in range(k, count, 16):
+                await conns[k].request(paths[i % 16], CHAT, [("x-agent-id", f"a{i % 3}")])
+
+        await asyncio.gather(*(one(k) for k in range(16)))
+        for conn in conns:
+            await conn.close()
+
+    asyncio.run(calls(1000))
+    rss_1k = process_rss_mb(pid)
+    asyncio.run(calls(n - 1000))
+    return {"calls": n, "rss_1k_mb": rss_1k, "rss_end_mb": process_rss_mb(pid)}
+
+
+def check_peer(target: PeerTarget) -> dict[str, Any]:
+    """One call through the peer must return exactly the stub's answer; streaming is refused."""
+    url = f"http://127.0.0.1:{target.port}{target.paths[0]}"
+    answer = httpx.post(url, content=CHAT, headers={"content-type": "application/json"})
+    if answer.status_code != 200 or answer.json() != json.loads(StubEngine.whole):
+        raise RuntimeError(f"peer answered {answer.status_code}: {answer.text[:500]}")
+    refused = httpx.post(url, content=STREAM, headers={"content-type": "application/json"})
+    return {"stream_status": refused.status_code, "stream_body": refused.text}
+
+
+def _store_url(kind: str, tmp: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp / 'bench.db'}"
+    import asyncpg
+
+    name = f"bench_{os.getpid()}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(host="127.0.0.1", user="postgres", database="test")
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    asyncio.run(create())
+    return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--long", type=int, default=0, help="calls in the long-episode mode")
+    parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
+    parser.add_argument("--continuation", default="stitch")
+    parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
+    parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    report: dict[str, Any] = {"store": args.store, "levels": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _store_url(args.store, Path(tmp))
+        stub_port, proxy_port = free_port(), free_port()
+        env = {
+            **os.environ,
+            "CAPTURE_PROXY_CONTINUATION": args.continuation,
+            "CAPTURE_PROXY_LOG_LEVEL": "warning",
+        }
+        if args.sqlite_synchronous:
+            env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+        stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
+        serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
+        with (
+            ExitStack() as stack,
+            process(
+                [*stub, "--port", str(stub_port)], f"http://127.0.0.1:{stub_port}/", env
+            ) as stub_pid,
+            process(
+                [
+                    *serve,
+                    "--port",
+                    str(proxy_port),
+                    "--upstream",
+                    f"http://127.0.0.1:{stub_port}",
+                    "--db",
+                    store,
+                ],
+                f"http://127.0.0.1:{proxy_port}/health",
+                env,
+            ) as proxy_pid,
+        ):
+            proxy_url = f"http://127.0.0.1:{proxy_port}"
+            target = None
+            if args.peer:
+                target = stack.enter_context(peer(f"http://127.0.0.1:{stub_port}"))
+                report["peer_check"] = check_peer(target)
+                if not args.json:
+                    print(
+                        f"peer: agl-server pid {target.pid}, {len(target.paths)} rollouts; "
+                        f"stream:true -> {report['peer_check']['stream_status']} "
+                        f"{report['peer_check']['stream_body']}"
+                    )
+            episodes = _episodes(proxy_url, 16)
+            paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
+            agent = [("x-agent-id", "agent")]
+            for c in levels:
+                level = {
+                    "direct": measure(
+                        stub_port, ["/v1/chat/completions"], CHAT, c, args.duration, None
+                    ),
+                    "proxy": measure(proxy_port, paths, CHAT, c, args.duration, proxy_pid, agent),
+                    "proxy_stream": measure(
+                        proxy_port, paths, STREAM, c, args.duration, proxy_pid, agent
+                    ),
+                }
+                if target is not None:
+                    level["peer"] = measure(
+                        target.port, target.paths, CHAT, c, args.duration, target.pid
+                    )
+                    level["ratio_proxy_peer_rps"] = level["proxy"]["rps"] / level["peer"]["rps"]
+                    level["ratio_proxy_peer_cpu"] = (
+                        level["proxy"]["cpu_ms_per_call"] / level["peer"]["cpu_ms_per_call"]
+                    )
+                level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+                report["levels"][c] = level
+                if not args.json:
+                    _print_level(c, level)
+            if args.long:
+                report["long"] = {
+                    "labelled": long_episode(proxy_url, proxy_port, proxy_pid, args.long, True),
+                    "unlabelled": long_episode(proxy_url, proxy_port, proxy_pid, args.long, False),
+                }
+                if not args.json:
+                    print(f"long episode: {json.dumps(report['long'])}")
+            if args.memory:
+                report["memory"] = memory(proxy_url, proxy_port, proxy_pid, args.memory)
+                if not args.json:
+                    print(f"memory: {json.dumps(report['memory'])}")
+            report["stub_cpu_s"] = process_cpu_s(stub_pid)
+    if args.json:
+        print(json.dumps(report, indent=2))
+
+
+def _print_level(c: int, level: dict[str, Any]) -> None:
+    d, p, s = level["direct"], level["proxy"], level["proxy_stream"]
+    print(
+        f"c={c:<3} direct {d['rps']:7.0f} rps p50 {d['p50_ms']:6.2f} ms p99 {d['p99_ms']:6.2f} | "
+        f"proxy {p['rps']:6.0f} rps p50 {p['p50_ms']:6.2f} p99 {p['p99_ms']:7.2f} "
+        f"cpu {p['cpu_ms_per_call']:5.2f} ms/call | stream {s['rps']:6.0f} rps "
+        f"p50 {s['p50_ms']:6.2f} "
+        f"cpu {s['cpu_ms_per_call']:5.2f} ms/call | proxy/direct {level['ratio_proxy_direct']:.2f}"
+        f" | rss {p['rss_mb']:.0f} MB errors {p['errors'] + s['errors']} "
+        f"statuses {p['statuses']} {s['statuses']}"
+    )
+    if "peer" in level:
+        g = level["peer"]
+        print(
+            f"      peer   {g['rps']:6.0f} rps p50 {g['p50_ms']:6.2f} p99 {g['p99_ms']:7.2f} "
+            f"cpu {g['cpu_ms_per_call']:5.2f} ms/call | rss {g['rss_mb']:.0f} MB "
+            f"errors {g['errors']} statuses {g['statuses']} | proxy/peer rps "
+            f"{level['ratio_proxy_peer_rps']:.2f} cpu {level['ratio_proxy_peer_cpu']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The narrow seam to the engine: JSON request in, JSON (or an open SSE stream) out.
+
+One client, one error translation: whatever the transport raises (refused or broken connection,
+timeout, malformed HTTP) becomes :class:`~capture_proxy.errors.UpstreamError` or
+:class:`~capture_proxy.errors.UpstreamTimeout` here, for whole answers and streams alike.
+JSON is parsed and written with orjson.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from capture_proxy.errors import UpstreamError, UpstreamTimeout
+from capture_proxy.settings import UpstreamSettings
+from capture_proxy.upstream.transport import (
+    HttpxTransport,
+    ProtocolError,
+    RawResponse,
+    SocketTransport,
+    Transport,
+)
+
+#: vLLM's token-in-token-out routes (answer 403 unless vLLM runs with --enable-scale-out).
+RENDER_CHAT = "/v1/chat/completions/render"
+GENERATE = "/inference/v1/generate"
+DERENDER_CHAT = "/v1/chat/completions/derender"
+TOKENIZE = "/tokenize"
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReply:
+    status_code: int
+    body: Any  # parsed JSON, or {"error": {...}} built from a non-JSON body
+
+
+def error_body_from(status_code: int, raw: bytes) -> dict[str, Any]:
+    """The engine's own OpenAI error body when it sent one, else one built from its text."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return parsed
+    message = parsed.get("message") if isinstance(parsed, dict) else None
+    text = message or raw.decode("utf-8", "replace")[:2000] or f"upstream status {status_code}"
+    return {
+        "error": {
+            "message": f"upstream error: {text}",
+            "type": "upstream_error",
+            "param": None,
+            "code": status_code,
+        }
+    }
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """The one place transport failures become the service's errors."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"upstream timed out on {what}") from exc
+    except (OSError, ProtocolError) as exc:  # ConnectionError is an OSError
+        raise UpstreamError(f"upstream unreachable on {what}: {exc!r}") from exc
+
+
+class Upstream:
+    def __init__(
+        self, settings: UpstreamSettings, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        timeouts = {
+            "connect_timeout_s": settings.connect_timeout_s,
+            "read_timeout_s": settings.timeout_s,
+        }
+        self._transport: Transport
+        if transport is None:
+            sockets = SocketTransport(settings.url, **timeouts)
+            if settings.api_key is not None:
+                sockets.extra_headers = (
+                    f"authorization: Bearer {settings.api_key.get_secret_value()}\r\n"
+                )
+            self._transport = sockets
+        else:
+            adapter = HttpxTransport(settings.url, transport, **timeouts)
+            if settings.api_key is not None:
+                adapter.extra_headers = {
+                    "authorization": f"Bearer {settings.api_key.get_secret_value()}"
+                }
+            self._transport = adapter
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    async def _call(self, method: str, path: str, body: bytes | None) -> UpstreamReply:
+        with translated(f"{method} {path}"):
+            response = await self._transport.send(method, path, body)
+            raw = await response.aread()
+        if response.status_code >= 400:
+            return UpstreamReply(response.status_code, error_body_from(response.status_code, raw))
+        try:
+            return UpstreamReply(response.status_code, orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(f"upstream sent a body that is not JSON on {path}") from exc
+
+    async def get_json(self, path: str) -> UpstreamReply:
+        return await self._call("GET", path, None)
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
+        return await self._call("POST", path, orjson.dumps(body))
+
+    async def open_stream(self, path: str, body: dict[str, Any]) -> RawResponse:
+        """Send the request and return the open response (status known, body not read).
+
+        The caller must ``aclose()`` it; closing early aborts the engine's request.
+        """
+        with translated(f"POST {path}"):
+            return await self._transport.send("POST", path, orjson.dumps(body))
+
+    # -- the token-in path (exact-token continuation) -----------------------------------------
+
+    async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        """A chat request → vLLM's GenerateRequest (``token_ids``, ``sampling_params``, …)."""
+        return await self.post_json(RENDER_CHAT, body)
+
+    async def generate(self, body: dict[str, Any]) -> UpstreamReply:
+        return await self.post_json(GENERATE, body)
+
+    async def open_generate_stream(self, body: dict[str, Any]) -> RawResponse:
+        return await self.open_stream(GENERATE, body)
+
+    async def derender_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        """A generate answer (or one streamed chunk) → a chat completion (or chunk)."""
+        return await self.post_json(DERENDER_CHAT, body)
+
+
+async def sse_batches(response: RawResponse) -> AsyncIterator[list[str]]:
+    """The ``data:`` payloads of an SSE stream (``[DONE]`` included), as they arrive: one list
+    per read from the engine, so a relay can pass on together what arrived together."""
+    data_lines: list[str] = []
+    pending = b""
+    with translated("the stream"):
+        async for chunk in response.aiter_bytes():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            events = []
+            for raw in lines:
+                line = raw.rstrip(b"\r").decode("utf-8", "replace")
+                if line.startswith("data:"):
+                    data_lines.append(line[5:].lstrip(" "))
+                elif not line and data_lines:
+                    events.append("\n".join(data_lines))
+                    data_lines = []
+            if events:
+                yield events
+    if pending.startswith(b"data:"):
+        data_lines.append(pending[5:].decode("utf-8", "replace").lstrip(" "))
+    if data_lines:
+        yield ["\n".join(data_lines)]
+
+
+async def sse_events(response: RawResponse) -> AsyncIterator[str]:
+    """The ``data:`` payloads of an SSE stream, one per event (``[DONE]`` included)."""
+    async for events in sse_batches(response):
+        for event in events:
+            yield event
