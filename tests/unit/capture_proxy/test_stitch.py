@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from capture_proxy.stitch import (
     Extends,
     Fresh,
     PriorCall,
+    Priors,
     ReplyAccumulator,
     Stitched,
     canonical_message,
@@ -138,3 +142,50 @@ def test_streamed_reply_equals_whole_reply() -> None:
     acc.feed({"choices": [], "usage": {"prompt_tokens": 3}})
     whole = reply_message({"message": {"role": "assistant", "content": None, "tool_calls": [CALL]}})
     assert chain([acc.message(0)]) == chain([whole]) == chain([REPLY])
+
+
+@st.composite
+def _history(draw: st.DrawFn) -> tuple[list[PriorCall], list[str], str]:
+    """Recorded calls over a small alphabet of messages, and a request's hash chain and tools."""
+    alphabet = [{"role": "user", "content": t} for t in "abc"] + [
+        {"role": "assistant", "content": t} for t in "xy"
+    ]
+    messages = st.lists(st.sampled_from(alphabet), min_size=1, max_size=5)
+    priors = []
+    turns = []
+    for seq, (sent, reply, role, tools) in enumerate(
+        draw(
+            st.lists(
+                st.tuples(
+                    messages,
+                    st.sampled_from(alphabet[3:]),
+                    st.sampled_from(["policy", "compaction"]),
+                    st.sampled_from(["t1", "t2"]),
+                ),
+                max_size=8,
+            )
+        ),
+        start=1,
+    ):
+        hashes = chain([*sent, reply])
+        turns.append([*sent, reply])
+        priors.append(PriorCall(f"c{seq}", seq, role, len(sent), hashes[-2], hashes[-1], tools))
+    sent = draw(messages)
+    if turns and draw(st.booleans()):  # continue (or edit) one of the recorded turns
+        base = list(draw(st.sampled_from(turns)))
+        if draw(st.booleans()):
+            base[-1] = draw(st.sampled_from(alphabet[3:]))
+        sent = base + sent
+    return priors, chain(sent), draw(st.sampled_from(["t1", "t2"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_history())
+def test_indexed_priors_choose_as_the_plain_scan(
+    case: tuple[list[PriorCall], list[str], str],
+) -> None:
+    priors, hashes, tools = case
+    index = Priors()
+    for prior in priors:
+        index.add(prior)
+    assert index.choose(hashes, tools) == choose_base(priors, hashes, tools)
