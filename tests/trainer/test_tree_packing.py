@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capture_proxy.cli import main as capture_proxy
 from reconstruct import reconstruct_episode
 from tests.reconstruct.strategies import episodes
 from tests.trainer.rowkit import make_row, token_ids
@@ -30,7 +31,7 @@ from trainer_bridge.batch import TrainBatch, collate
 from trainer_bridge.grpo import with_advantages
 from trainer_bridge.learner import Accumulated, Learner, LearnerConfig
 from trainer_bridge.loss import LossConfig
-from trainer_bridge.rows_io import Row
+from trainer_bridge.rows_io import Row, write_jsonl
 
 GOLDEN = Path(__file__).parents[1] / "golden"
 EXACT = LearnerConfig(optimizer="sgd", lr=0.5, max_grad_norm=math.inf)
@@ -297,3 +298,26 @@ def test_tree_micro_batching_does_not_change_the_update(
         assert getattr(b, field) == pytest.approx(getattr(a, field), rel=1e-5, abs=1e-6), field
     for (name, p), q in zip(whole.model.named_parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_train_step_packing_flag(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(_shared_rows(), path)
+    stats = {}
+    for packing in ("padded", "tree"):
+        argv = ["train-step", "--rows", str(path), "--model", str(tiny_model_dir), "--json"]
+        argv += ["--out", str(tmp_path / packing), "--packing", packing, "--optimizer", "sgd"]
+        assert capture_proxy(argv) == 0
+        stats[packing] = json.loads(capsys.readouterr().out)
+    padded, tree = stats["padded"], stats["tree"]
+    assert (padded["packing"], tree["packing"]) == ("padded", "tree")
+    assert padded["row_tokens"] == tree["row_tokens"] == 4 * (30 + 15)
+    assert (padded["computed_tokens"], tree["computed_tokens"]) == (8 * 30, 24 + 4 * (5 + 4))
+    assert tree["step_seconds"] > 0 and padded["step_seconds"] > 0
+    for field in ("loss", "grad_norm", "clip_fraction", "approx_kl", "mean_ratio"):
+        assert tree[field] == pytest.approx(padded[field], rel=1e-5, abs=1e-6), field
+    argv = ["train-step", "--rows", str(path), "--model", str(tiny_model_dir)]
+    assert capture_proxy([*argv, "--out", str(tmp_path / "x"), "--packing", "dense"]) == 1
+    assert "unknown packing 'dense'" in capsys.readouterr().err
