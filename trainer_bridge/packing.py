@@ -139,6 +139,11 @@ def tree_logprobs(
         entry_logp = pairs[torch.as_tensor(plan.entry_pair, device=device)]  # [E]
         where = torch.as_tensor(plan.entry_row * length + plan.entry_pos, device=device)  # [E]
         flat = flat.scatter(0, where, entry_logp)
+    elif torch.is_grad_enabled():
+        # Nothing scored (a micro-batch whose rows own nothing): a zero that still depends on
+        # every parameter, so backward runs (and DDP's all-reduce sees every gradient).
+        anchor = module(input_ids=input_ids[:1, :1], use_cache=False).logits.sum()
+        flat = flat + 0.0 * anchor
     return Packed(flat.view(num_rows, length), plan.computed_tokens)
 
 

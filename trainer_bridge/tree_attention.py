@@ -35,6 +35,8 @@ from capture_proxy.errors import TrainerError
 PREFIX_ATTENTION = "tree_prefix_sdpa"
 #: Mask entries of one query chunk (queries × visible keys): 2^22 ≈ 4M, a 16 MB float mask.
 CHUNK_ELEMENTS = 1 << 22
+#: Use the chunked-mask path even where the split flash path is available (measurements, tests).
+FORCE_CHUNKED = False
 
 
 def _chunk_attention(
@@ -50,6 +52,108 @@ def _chunk_attention(
     visible = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device)
     visible = visible.tril(diagonal=diagonal)  # [c, K]
     return F.scaled_dot_product_attention(query, key, value, attn_mask=visible, scale=scaling)
+
+
+class _PrefixThenCausal(torch.autograd.Function):
+    """softmax over [prefix keys (all visible), own keys (causal)] from two flash calls.
+
+    Forward: flash attention over the prefix (no mask) and over the segment's own keys
+    (``is_causal``, square, so top-left is right), merged by their log-sum-exps:
+    ``o = e^(l₁ − l)·o₁ + e^(l₂ − l)·o₂`` with ``l = log(e^l₁ + e^l₂)``. Backward: the flash
+    backward of each key block, given the *merged* output and log-sum-exp, is exactly that
+    block's share of the full attention's gradient (it recomputes ``P = exp(S − l)`` and
+    ``D = rowsum(dO ∘ O)``); the two query gradients add. No mask, nothing quadratic saved.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        query: torch.Tensor,  # [B, H, L, D]
+        key_prefix: torch.Tensor,  # [B, H, P, D]
+        value_prefix: torch.Tensor,  # [B, H, P, D]
+        key_own: torch.Tensor,  # [B, H, L, D]
+        value_own: torch.Tensor,  # [B, H, L, D]
+        scale: float | None,
+    ) -> torch.Tensor:
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out_prefix, lse_prefix = flash(query, key_prefix, value_prefix, 0.0, False, scale=scale)
+        out_own, lse_own = flash(query, key_own, value_own, 0.0, True, scale=scale)
+        lse = torch.logaddexp(lse_prefix, lse_own)  # [B, H, L]
+        weight_prefix = torch.exp(lse_prefix - lse).unsqueeze(-1)  # [B, H, L, 1]
+        weight_own = torch.exp(lse_own - lse).unsqueeze(-1)  # [B, H, L, 1]
+        out = out_prefix * weight_prefix + out_own * weight_own  # [B, H, L, D]
+        ctx.save_for_backward(query, key_prefix, value_prefix, key_own, value_own, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key_prefix, value_prefix, key_own, value_own, out, lse = ctx.saved_tensors
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        grad_out = grad_out.contiguous()
+        dq_prefix, dk_prefix, dv_prefix = backward(
+            grad_out, query, key_prefix, value_prefix, out, lse, 0.0, False, scale=ctx.scale
+        )
+        dq_own, dk_own, dv_own = backward(
+            grad_out, query, key_own, value_own, out, lse, 0.0, True, scale=ctx.scale
+        )
+        return dq_prefix + dq_own, dk_prefix, dv_prefix, dk_own, dv_own, None
+
+
+def _split_attention(
+    query: torch.Tensor,  # [B, H, L, D]
+    key: torch.Tensor,  # [B, Hkv, P + L, D]
+    value: torch.Tensor,  # [B, Hkv, P + L, D]
+    prefix: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    n_rep = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(n_rep, dim=1)  # [B, H, P + L, D]
+    value = value.repeat_interleave(n_rep, dim=1)  # [B, H, P + L, D]
+    out: torch.Tensor = _PrefixThenCausal.apply(
+        query.contiguous(),
+        key[:, :, :prefix].contiguous(),
+        value[:, :, :prefix].contiguous(),
+        key[:, :, prefix:].contiguous(),
+        value[:, :, prefix:].contiguous(),
+        scaling,
+    )
+    return out
+
+
+def _chunked_attention(
+    query: torch.Tensor,  # [B, H, L, D]
+    key: torch.Tensor,  # [B, Hkv, P + L, D]
+    value: torch.Tensor,  # [B, Hkv, P + L, D]
+    prefix: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    q_len, kv_len = query.shape[2], key.shape[2]
+    chunk = max(1, min(q_len, CHUNK_ELEMENTS // kv_len))
+    parts: list[torch.Tensor] = []
+    for start in range(0, q_len, chunk):
+        end = min(q_len, start + chunk)
+        visible_keys = prefix + end
+        args = (
+            query[:, :, start:end],  # [B, H, c, D]
+            key[:, :, :visible_keys],  # [B, Hkv, P + end, D]
+            value[:, :, :visible_keys],  # [B, Hkv, P + end, D]
+            prefix + start,
+            scaling,
+        )
+        if torch.is_grad_enabled():
+            part = checkpoint(_chunk_attention, *args, use_reentrant=False)
+        else:
+            part = _chunk_attention(*args)
+        parts.append(part)
+    return torch.cat(parts, dim=2)  # [B, H, L, D]
+
+
+def _has_cpu_flash(query: torch.Tensor) -> bool:
+    aten = torch.ops.aten
+    return query.device.type == "cpu" and hasattr(
+        aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
+    )
 
 
 def prefix_attention_forward(
@@ -75,24 +179,10 @@ def prefix_attention_forward(
         )  # [B, H, L, D]
         return out.transpose(1, 2).contiguous(), None
 
-    chunk = max(1, min(q_len, CHUNK_ELEMENTS // kv_len))
-    parts: list[torch.Tensor] = []
-    for start in range(0, q_len, chunk):
-        end = min(q_len, start + chunk)
-        visible_keys = prefix + end
-        args = (
-            query[:, :, start:end],  # [B, H, c, D]
-            key[:, :, :visible_keys],  # [B, Hkv, P + end, D]
-            value[:, :, :visible_keys],  # [B, Hkv, P + end, D]
-            prefix + start,
-            scaling,
-        )
-        if torch.is_grad_enabled():
-            part = checkpoint(_chunk_attention, *args, use_reentrant=False)
-        else:
-            part = _chunk_attention(*args)
-        parts.append(part)
-    out = torch.cat(parts, dim=2)  # [B, H, L, D]
+    if _has_cpu_flash(query) and not FORCE_CHUNKED:
+        out = _split_attention(query, key, value, prefix, scaling)  # [B, H, L, D]
+    else:
+        out = _chunked_attention(query, key, value, prefix, scaling)  # [B, H, L, D]
     return out.transpose(1, 2).contiguous(), None
 
 

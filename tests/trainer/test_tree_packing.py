@@ -321,3 +321,23 @@ def test_train_step_packing_flag(
     argv = ["train-step", "--rows", str(path), "--model", str(tiny_model_dir)]
     assert capture_proxy([*argv, "--out", str(tmp_path / "x"), "--packing", "dense"]) == 1
     assert "unknown packing 'dense'" in capsys.readouterr().err
+
+
+def test_a_micro_batch_that_owns_nothing(tiny_model_dir: Path) -> None:
+    # Row "a/0" is conditioning only; with one row per micro-batch its tree scores nothing.
+    rows = [
+        make_row("a/0", "a", "g", 1.0, token_ids(8, seed=90)),
+        make_row("b/0", "b", "g", 0.0, token_ids(8, seed=91), [(3, 8)]),
+        make_row("c/0", "c", "g", 0.5, token_ids(8, seed=92), [(2, 8)]),
+    ]
+    batch = with_advantages(collate(rows))
+    config = dataclasses.replace(EXACT, micro_batch_size=1)
+    steps = {
+        packing: Learner.from_dir(tiny_model_dir, dataclasses.replace(config, packing=packing))
+        for packing in ("padded", "tree")
+    }
+    a, b = (learner.step(batch) for learner in steps.values())
+    # Rows b and c run up to their last predicting position (7 of 8 tokens), row a not at all.
+    assert b.micro_batches == 3 and b.computed_tokens == 7 + 7
+    assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-6)
+    assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
