@@ -66,7 +66,7 @@ class _PrefixThenCausal(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         query: torch.Tensor,  # [B, H, L, D]
         key_prefix: torch.Tensor,  # [B, H, P, D]
