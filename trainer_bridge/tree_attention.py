@@ -9,11 +9,16 @@ segment, which a 100k-token batch cannot afford.
 
 ``prefix_attention_forward`` is registered with Hugging Face's ``AttentionInterface`` under
 :data:`PREFIX_ATTENTION` (and deliberately *not* with the mask interface, so the model passes no
-mask at all). It takes the queries in chunks of at most ``CHUNK_ELEMENTS / (P + L)`` rows; each
-chunk sees keys ``[0, P + end)`` through a small mask, under ``torch.utils.checkpoint``, so only
-the chunk's inputs (views of q, k, v) are kept for backward and the mask is rebuilt there. Peak
-extra memory is one chunk's mask and scores; nothing quadratic stays alive. A segment without
-ancestors (``P = 0``) is plain ``is_causal`` SDPA (the flash kernel, no mask).
+mask at all). A segment without ancestors (``P = 0``) is plain ``is_causal`` SDPA. Otherwise:
+
+- **split** (CPU, the default): two mask-free flash-attention calls — the segment's queries over
+  the ancestors' keys (everything visible) and over its own keys (square, ``is_causal``) — merged
+  by their log-sum-exps; backward runs the flash backward of each key block with the merged
+  output and log-sum-exp (``_PrefixThenCausal``). Memory O(L) beyond q, k, v; measured for
+  ``L = 1,750, P = 8,000`` (one head pair, fwd + bwd): 0.3–0.4 s against 0.9–1.0 s for chunked.
+- **chunked** (elsewhere, or ``FORCE_CHUNKED``): the queries in chunks of at most
+  ``CHUNK_ELEMENTS / (P + L)`` rows, each over keys ``[0, P + end)`` with a small mask, under
+  ``torch.utils.checkpoint`` so the mask is rebuilt in backward instead of kept.
 
 :func:`prefix_attention` switches a model to it for the duration of a ``with`` block (the padded
 path never sees it). Dropout is refused: the learner runs in eval mode.
