@@ -107,9 +107,9 @@ def _run_tree(model: nn.Module, module: nn.Module, plan: TreePlan) -> list[torch
         lo, hi = int(plan.pair_bounds[s]), int(plan.pair_bounds[s + 1])
         if hi > lo:
             logp_all = torch.log_softmax(_float_logits(out.logits[0]), dim=-1)  # [k, V]
-            rows = torch.as_tensor(plan.pair_keep[lo:hi], device=device)  # [u]
+            kept = torch.as_tensor(plan.pair_keep[lo:hi], device=device)  # [u]
             targets = torch.as_tensor(plan.pair_target[lo:hi], device=device)  # [u]
-            pair_logp.append(logp_all[rows, targets])  # [u]
+            pair_logp.append(logp_all[kept, targets])  # [u]
     return pair_logp
 
 
