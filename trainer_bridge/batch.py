@@ -47,6 +47,11 @@ class TrainBatch:
         return len(self.episode_ids)
 
     @property
+    def row_tokens(self) -> int:
+        """Real (unpadded) tokens of the rows."""
+        return int(self.attention_mask.sum().item())
+
+    @property
     def owned_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 

@@ -3,10 +3,14 @@
     capture-proxy train-step --rows ROWS --model DIR --out DIR [--json] [--lr LR]
                              [--micro-batch-size N] [--normalize-std] [--max-grad-norm X]
                              [--clip-eps E] [--loss NAME] [--optimizer NAME] [--workers N]
+                             [--packing tree|padded]
 
 ``ROWS`` is a JSON-lines file, a Parquet file or a directory of Parquet files (docs/formats.md).
 With ``--workers N`` the step runs on N Ray Train workers (``ray_learner``; Parquet rows only) on
-the Ray cluster named by ``RAY_ADDRESS``, else on a local one.
+the Ray cluster named by ``RAY_ADDRESS``, else on a local one. ``--packing tree`` (default)
+computes each distinct token prefix of the rows once (``trainer_bridge.packing``); ``padded``
+computes every row's every token. Same loss and gradient; ``--json`` reports ``row_tokens``,
+``computed_tokens`` and ``step_seconds`` (forward, backward and optimizer step).
 Exit codes: 0 done, 1 the rows or model cannot be trained (message on stderr), 2 usage.
 """
 
@@ -34,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", default="clipped_pg", help="loss variant (trainer_bridge.loss.LOSSES)")
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (learner.OPTIMIZERS)")
     p.add_argument("--workers", type=int, default=None, help="run on N Ray Train workers")
+    p.add_argument(
+        "--packing", default="tree", help="tree or padded (trainer_bridge.packing.PACKINGS)"
+    )
     return p
 
 
@@ -69,6 +76,7 @@ def main(argv: list[str]) -> int:
         lr=args.lr,
         max_grad_norm=args.max_grad_norm,
         micro_batch_size=args.micro_batch_size,
+        packing=args.packing,
         loss=LossConfig(name=args.loss, clip_eps=args.clip_eps),
     )
     started = time.perf_counter()

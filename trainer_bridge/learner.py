@@ -7,24 +7,29 @@ Ray workers (``ray_learner``) can run the same code on their shards with the glo
 
 The model is kept in eval mode (no dropout): the learner's logprobs under unchanged weights must
 be those the engine sampled with. Gradients flow as usual.
+
+How the forward pass covers the rows is ``LearnerConfig.packing`` (``packing.PACKINGS``):
+``tree`` (default) computes each distinct token prefix of a micro-batch once, ``padded`` every
+row's every token; the loss is the same code on the same ``[B, T]`` logprobs either way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainer_bridge.batch import TrainBatch
 from trainer_bridge.errors import TrainerError
 from trainer_bridge.loss import LossConfig, policy_loss
+from trainer_bridge.packing import Packed, get_packing, padded_logprobs
 
 # Files besides weights and config.json that a serving engine needs from the model directory.
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
@@ -46,6 +51,7 @@ class LearnerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     micro_batch_size: int | None = None  # rows per forward/backward; None = whole batch
+    packing: str = "tree"  # a key of packing.PACKINGS: "tree" or "padded"
     loss: LossConfig = field(default_factory=LossConfig)
 
 
@@ -80,6 +86,10 @@ class StepStats:
     micro_batches: int
     lr: float
     shard_rows: tuple[int, ...] = ()  # rows on each data-parallel worker (one entry: no Ray)
+    packing: str = "padded"
+    row_tokens: int = 0  # real tokens of the rows (all ranks)
+    computed_tokens: int = 0  # tokens the forward passes processed (all ranks, pads included)
+    step_seconds: float = 0.0  # forward + backward + optimizer step (slowest rank)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +104,7 @@ class Accumulated:
     approx_kl: float = 0.0
     mean_ratio: float = 0.0
     micro_batches: int = 0
+    computed_tokens: int = 0
 
 
 def load_causal_lm(model_dir: str | Path, *, device: str = "cpu") -> nn.Module:
@@ -113,12 +124,7 @@ def token_logprobs(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """``[B, T]``: position t holds log π(input_ids[t] | input_ids[:t]); 0 at t = 0 and on pads."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [B, T-1, V]
-    next_ids = input_ids[:, 1:].unsqueeze(-1)  # [B, T-1, 1]
-    logp = logp_all.gather(-1, next_ids).squeeze(-1)  # [B, T-1]
-    logp = F.pad(logp, (1, 0))  # [B, T], position 0 has no prefix
-    return logp * attention_mask.to(logp.dtype)
+    return padded_logprobs(model, model, input_ids, attention_mask, attention_mask).logprobs
 
 
 class Learner:
@@ -138,6 +144,7 @@ class Learner:
             raise TrainerError(f"unknown optimizer {config.optimizer!r} (known: {known})")
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = OPTIMIZERS[config.optimizer](params, config)
+        self.packing = get_packing(config.packing)
 
     @classmethod
     def from_dir(
@@ -151,13 +158,19 @@ class Learner:
         return next(self.model.parameters()).device
 
     def token_logprobs(self, batch: TrainBatch, *, grad: bool = False) -> torch.Tensor:
-        """``[B, T]`` logprobs of the batch's tokens under the current weights."""
+        """``[B, T]`` logprobs of the batch's tokens under the current weights (0 on pads)."""
+        return self._packed(batch, batch.attention_mask, grad=grad).logprobs
+
+    def _packed(self, batch: TrainBatch, score_mask: torch.Tensor, *, grad: bool) -> Packed:
+        """Logprobs at least at ``score_mask``'s positions, by the configured packing."""
         context = contextlib.nullcontext() if grad else torch.no_grad()
         with context:
-            return token_logprobs(
+            return self.packing(
+                self.model,
                 self.module,
                 batch.input_ids.to(self.device),
                 batch.attention_mask.to(self.device),
+                score_mask.to(self.device),
             )
 
     def _sync_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -183,9 +196,9 @@ class Learner:
         for i, part in enumerate(parts):
             assert part.advantages is not None
             with self._sync_context(last=i == len(parts) - 1):
-                logprobs = self.token_logprobs(part, grad=True)  # [b, t]
+                packed = self._packed(part, part.loss_mask, grad=True)
                 loss, stats = policy_loss(
-                    logprobs,
+                    packed.logprobs,  # [b, t], exact on owned positions
                     part.behavior_logprobs.to(self.device),
                     part.advantages.to(self.device),
                     part.loss_mask.to(self.device),
@@ -198,6 +211,7 @@ class Learner:
             acc.approx_kl += float(stats.approx_kl.item())
             acc.mean_ratio += float(stats.mean_ratio.item())
             acc.micro_batches += 1
+            acc.computed_tokens += packed.computed_tokens
         return acc
 
     def apply_gradients(self) -> float:
@@ -213,9 +227,11 @@ class Learner:
         num_tokens = batch.owned_tokens
         if num_tokens == 0:
             raise TrainerError("the batch owns no tokens: nothing to train", param="loss_mask")
+        started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         acc = self.accumulate(batch, num_tokens=num_tokens)
         grad_norm = self.apply_gradients()
+        step_seconds = time.perf_counter() - started
         return StepStats(
             loss=acc.loss,
             grad_norm=grad_norm,
@@ -228,6 +244,10 @@ class Learner:
             micro_batches=acc.micro_batches,
             lr=self.config.lr,
             shard_rows=(batch.num_rows,),
+            packing=self.config.packing,
+            row_tokens=batch.row_tokens,
+            computed_tokens=acc.computed_tokens,
+            step_seconds=step_seconds,
         )
 
     def save(self, out_dir: str | Path) -> Path:

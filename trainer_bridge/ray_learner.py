@@ -121,6 +121,8 @@ def _exact_split_config() -> Any:
 
 def _train_loop(config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker (a process with a gloo process group)."""
+    import time
+
     import ray.train
     import ray.train.torch
     import torch
@@ -153,18 +155,30 @@ def _train_loop(config: dict[str, Any]) -> None:
     if num_tokens == 0:
         raise TrainerError("the rows own no tokens: nothing to train", param="loss_mask")
 
-    sums = torch.zeros(5, dtype=torch.float64)  # loss, clip, kl, ratio, micro-batches
+    started = time.perf_counter()
+    # loss, clip, kl, ratio, micro-batches, row tokens, computed tokens
+    sums = torch.zeros(7, dtype=torch.float64)
     if batch is not None:
         acc = learner.accumulate(batch, num_tokens=num_tokens, loss_scale=float(world_size))
         sums = torch.tensor(
-            [acc.loss, acc.clip_fraction, acc.approx_kl, acc.mean_ratio, acc.micro_batches],
+            [
+                acc.loss,
+                acc.clip_fraction,
+                acc.approx_kl,
+                acc.mean_ratio,
+                acc.micro_batches,
+                batch.row_tokens,
+                acc.computed_tokens,
+            ],
             dtype=torch.float64,
         )
     else:  # an empty shard still takes part in DDP's gradient all-reduce, with zeros
         dummy = torch.zeros((1, 1), dtype=torch.long, device=learner.device)
         (learner.module(input_ids=dummy, use_cache=False).logits.sum() * 0.0).backward()
     grad_norm = learner.apply_gradients()
+    seconds = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
     dist.all_reduce(sums)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
 
     stats = StepStats(
         loss=float(sums[0]),
@@ -178,6 +192,10 @@ def _train_loop(config: dict[str, Any]) -> None:
         micro_batches=int(sums[4]),
         lr=learner_config.lr,
         shard_rows=shard_rows,
+        packing=learner_config.packing,
+        row_tokens=int(sums[5]),
+        computed_tokens=int(sums[6]),
+        step_seconds=float(seconds[0]),
     )
     if rank != 0:
         ray.train.report(stats.as_dict())
