@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -14,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
-from capture_proxy.api import episodes, openai
-from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
+from capture_proxy.api import episodes, openai, viewer
+from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError, StoreError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
 from capture_proxy.store.db import make_engine, make_sessionmaker, upgrade_async
@@ -52,6 +53,15 @@ async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
     return _error(error)
 
 
+async def _check(probe: Awaitable[None]) -> str:
+    """``"ok"``, or the one-line reason a readiness probe failed."""
+    try:
+        await probe
+    except CaptureError as exc:
+        return exc.message
+    return "ok"
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -80,15 +90,46 @@ def create_app(
     app.include_router(episodes.router)
     app.include_router(openai.router)
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (no dependency is checked)."""
         return {"status": "ok"}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics(request: Request) -> PlainTextResponse:
+    app.add_api_route("/health", healthz, methods=["GET"], include_in_schema=False)  # alias
+
+    @app.get(
+        "/readyz",
+        tags=["operations"],
+        responses={503: {"description": "The store or the engine is not reachable."}},
+    )
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: the store answers a query and the engine its health route (else 503)."""
         service: CaptureService = request.app.state.service
+        upstream = service.settings.upstream
+        checks = await asyncio.gather(
+            _check(service.store.health.ping()),
+            _check(service.upstream.ping(upstream.health_path, upstream.ready_timeout_s)),
+        )
+        ready = all(result == "ok" for result in checks)
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "store": checks[0],
+            "engine": checks[1],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+    async def metrics(request: Request) -> PlainTextResponse:
+        """Prometheus text format (capture_proxy/metrics.py lists the series)."""
+        service: CaptureService = request.app.state.service
+        try:
+            episodes: dict[str, int] | None = await service.store.health.episode_counts()
+        except StoreError as exc:
+            log.warning("metrics: no episode gauge: %s", exc.message)
+            episodes = None
         return PlainTextResponse(
-            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            service.metrics.render(episodes), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    app.include_router(viewer.router)
     return app

@@ -12,6 +12,9 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from capture_proxy.errors import InvalidSettings
+from capture_proxy.settings import env_warnings
+
 
 class Command(NamedTuple):
     module: str
@@ -61,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capture-proxy: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     command = COMMANDS[name]
+    for warning in env_warnings():
+        print(f"capture-proxy: warning: {warning}", file=sys.stderr)
     try:
         module = importlib.import_module(command.module)
         result: int = module.main(rest)
+    except InvalidSettings as exc:
+        print(f"capture-proxy {name}: invalid setting: {exc.message}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if command.extra is None or missing not in _OPTIONAL | {command.module.split(".")[0]}:

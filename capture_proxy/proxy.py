@@ -38,7 +38,7 @@ from capture_proxy.capture import (
 )
 from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
-from capture_proxy.metrics import Metrics
+from capture_proxy.metrics import CallTimer, Metrics
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -57,6 +57,8 @@ class _InFlight:
 
     episode_id: str
     call_ids: list[str]
+    timer: CallTimer  # metrics: upstream time and the proxy's overhead
+    role: str
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
@@ -64,6 +66,12 @@ class _InFlight:
 
 def _sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+def _token_counts(generations: list[Generation]) -> tuple[int, int]:
+    """(prompt, completion) tokens recorded by a request's choices (metrics)."""
+    prompt = sum(len(g.prompt_token_ids) for g in generations)
+    return prompt, sum(len(g.completion_token_ids) for g in generations)
 
 
 def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
@@ -106,6 +114,7 @@ class CaptureService:
     async def handle(
         self, episode_id: str, endpoint: Endpoint, body: Any, headers: Mapping[str, str]
     ) -> Response:
+        timer = self.metrics.timer(endpoint)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         validate_body(endpoint, body)
@@ -138,9 +147,9 @@ class CaptureService:
                 continuation=plan.record,
             ),
         )
-        self.metrics.admitted(endpoint, n, plan.record)
+        self.metrics.admitted(endpoint, n, plan.record, attribution.role)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
-        entry = _InFlight(episode_id, call_ids, plan=plan)
+        entry = _InFlight(episode_id, call_ids, timer, attribution.role, plan=plan)
         self._in_flight[request_id] = entry
         try:
             if stream:
@@ -153,13 +162,15 @@ class CaptureService:
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):
             moved = await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
-        self.metrics.finished(status, moved)
+        self.metrics.finished(status, moved, entry.role)
 
     async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
         record = entry.plan.record if entry.plan is not None else None
         base = record.base_call_id if record is not None else None
-        done = await self.store.complete(entry.episode_id, entry.call_ids, generations, base)
-        self.metrics.finished("completed", len(entry.call_ids) if done else 0)
+        with self.metrics.commit_timer():
+            done = await self.store.complete(entry.episode_id, entry.call_ids, generations, base)
+        tokens = _token_counts(generations)
+        self.metrics.finished("completed", len(entry.call_ids) if done else 0, entry.role, tokens)
         return done
 
     async def _whole(
@@ -177,7 +188,7 @@ class CaptureService:
                 self.continuations.post_json(entry.plan, PATHS[endpoint], upstream_body)
             )
             try:
-                reply = await entry.task
+                reply = await entry.timer.upstream(entry.task)
             except asyncio.CancelledError:
                 if not entry.cancelled.is_set():
                     raise
@@ -202,6 +213,7 @@ class CaptureService:
             raise
         finally:
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
 
     async def _streamed(
         self,
@@ -214,8 +226,8 @@ class CaptureService:
     ) -> Response:
         headers = _call_headers(entry.call_ids, request_id)
         try:
-            response = await self.continuations.open_stream(
-                entry.plan, PATHS[endpoint], upstream_body
+            response = await entry.timer.upstream(
+                self.continuations.open_stream(entry.plan, PATHS[endpoint], upstream_body)
             )
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
@@ -226,6 +238,7 @@ class CaptureService:
             body = error_body_from(response.status_code, raw)
             await self._fail(entry, "failed", f"upstream {response.status_code}: {raw[:500]!r}")
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
             return JSONResponse(body, status_code=response.status_code, headers=headers)
         return StreamingResponse(
             self._relay(entry, request_id, endpoint, response, wants, n),
@@ -246,7 +259,7 @@ class CaptureService:
         capture = StreamCapture(endpoint, n)
         settled = False
         try:
-            async for data in sse_events(response):
+            async for data in entry.timer.upstream_chunks(sse_events(response)):
                 if data.strip() == "[DONE]":
                     break
                 chunk = json.loads(data)
@@ -279,6 +292,7 @@ class CaptureService:
                 yield _sse(error.to_body())
         finally:
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
             with anyio.CancelScope(shield=True):
                 await response.aclose()
                 if not settled:

@@ -77,6 +77,15 @@ class Upstream:
             raise UpstreamError(f"upstream unreachable: {exc!r}") from exc
         return self._reply(response.status_code, response.content)
 
+    async def ping(self, path: str, timeout_s: float) -> None:
+        """Readiness: ``GET path`` answers below 400 within ``timeout_s``, else UpstreamError."""
+        try:
+            response = await self._client.get(path, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"engine unreachable: GET {path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise UpstreamError(f"engine answered {response.status_code} on GET {path}")
+
     async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
         try:
             response = await self._client.post(path, json=body)

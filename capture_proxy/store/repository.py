@@ -26,6 +26,7 @@ from capture_contracts.drift import CallDrift
 from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.store.exports import ExportQueries, Rollback
+from capture_proxy.store.health import HealthQueries
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
@@ -76,6 +77,7 @@ class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
+        self.health = HealthQueries(sessions)
 
     # -- episodes ---------------------------------------------------------------------------
 
