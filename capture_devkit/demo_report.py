@@ -16,8 +16,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-ROW_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948")
-
 
 @dataclass(frozen=True, slots=True)
 class EpisodeFigures:

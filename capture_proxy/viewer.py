@@ -31,7 +31,8 @@ from reconstruct.errors import ReconstructionError
 from reconstruct.forest import build_forest
 
 #: One colour per row (cycled); a trained call's node takes the colour of the row that owns it.
-ROW_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948")
+#: No reds or oranges: those mean failed and cancelled.
+ROW_COLOURS = ("#4e79a7", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7")
 CLASS_COLOURS = {
     "conditioning_only": "#bab0ac",
     "discarded_retry": "#d7a1a1",
