@@ -34,6 +34,9 @@ COMMANDS: dict[str, Command] = {
         "capture_proxy.commands.episodes",
         "list, show, close or export a running proxy's episodes (REST; --json)",
     ),
+    "healthcheck": Command(
+        "capture_proxy.commands.healthcheck", "probe a proxy's /healthz or /readyz (exit 0 = ok)"
+    ),
     "reconstruct": Command(
         "capture_proxy.commands.reconstruct", "turn bundles or closed episodes into training rows"
     ),

@@ -143,6 +143,12 @@ class Settings(BaseSettings):
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."
     )
 
+    @property
+    def local_url(self) -> str:
+        """This process's own address (``host``/``port``; a wildcard bind means loopback)."""
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
+        return f"http://{host}:{self.port}"
+
 
 def _groups() -> dict[str, type[BaseModel]]:
     """Top-level fields that are nested groups (set as ``CAPTURE_PROXY_<GROUP>__<FIELD>``)."""

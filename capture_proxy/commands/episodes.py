@@ -37,10 +37,7 @@ class CommandFailed(Exception):
 
 def default_url() -> str:
     settings = get_settings()
-    if settings.public_url:
-        return settings.public_url.rstrip("/")
-    host = "127.0.0.1" if settings.host in {"0.0.0.0", "::", ""} else settings.host
-    return f"http://{host}:{settings.port}"
+    return settings.public_url.rstrip("/") if settings.public_url else settings.local_url
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +86,8 @@ def _calls_cell(calls: dict[str, int]) -> str:
 
 def _episodes_table(episodes: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{len(episodes)} episodes")
-    for name in ("episode", "group", "status", "reward", "calls", "exported"):
+    table.add_column("episode", no_wrap=True)
+    for name in ("group", "status", "reward", "calls", "exported"):
         table.add_column(name)
     for ep in episodes:
         reward = "—" if ep["reward"] is None else f"{ep['reward']:g}"
@@ -106,7 +104,8 @@ def _episodes_table(episodes: list[dict[str, Any]]) -> Table:
 
 def _calls_table(calls: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{len(calls)} calls")
-    for name in ("call", "agent", "role", "status", "seq", "tokens", "finish", "error"):
+    table.add_column("call", no_wrap=True)
+    for name in ("agent", "role", "status", "seq", "tokens", "finish", "error"):
         table.add_column(name)
     for call in calls:
         done = call["completed_seq"] if call["completed_seq"] is not None else "…"
@@ -179,7 +178,7 @@ def run(args: argparse.Namespace, console: Console) -> Any:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        result = run(args, Console(stderr=False))
+        result = run(args, Console(width=None if sys.stdout.isatty() else 160))
     except CommandFailed as exc:
         print(f"capture-proxy episodes {args.action}: {exc}", file=sys.stderr)
         return 1
