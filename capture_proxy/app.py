@@ -6,16 +6,19 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
 from capture_proxy.api import episodes, openai, viewer
+from capture_proxy.api.schemas import EPISODE_ERRORS, OPENAI_ERRORS
 from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError, StoreError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
@@ -24,6 +27,12 @@ from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
+
+APP_DESCRIPTION = (
+    "Records every model call of an agent harness (exact prompt token ids, sampled ids, "
+    "behaviour logprobs) grouped by episode and agent, on its way to a vLLM server. "
+    "Harnesses use the OpenAI-compatible routes; trainers and operators the episode routes."
+)
 
 
 def _error(exc: CaptureError) -> JSONResponse:
@@ -62,6 +71,21 @@ async def _check(probe: Awaitable[None]) -> str:
     return "ok"
 
 
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document as the app behaves: validation errors are 400 error bodies, not 422."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -83,12 +107,17 @@ def create_app(
             await upstream.aclose()
             await engine.dispose()
 
-    app = FastAPI(title="capture-proxy", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="capture-proxy",
+        version=__version__,
+        description=APP_DESCRIPTION,
+        lifespan=lifespan,
+    )
     app.add_exception_handler(CaptureError, _on_capture_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.include_router(episodes.router)
-    app.include_router(openai.router)
+    app.include_router(episodes.router, responses=EPISODE_ERRORS)
+    app.include_router(openai.router, responses=OPENAI_ERRORS)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -131,5 +160,6 @@ def create_app(
             service.metrics.render(episodes), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    app.include_router(viewer.router)
+    app.include_router(viewer.router, responses={404: EPISODE_ERRORS[404]})
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
