@@ -249,12 +249,11 @@ def _timeline(view: EpisodeView, owners: Mapping[str, int]) -> str:
 
 
 def _legend(view: EpisodeView) -> str:
-    items = [("#4e79a7", "trained (colour = the row that owns it)")]
     if view.classification is not None:
+        items = [(ROW_COLOURS[0], "trained (colour = the row that owns it)")]
         items += [(c, k.replace("_", " ")) for k, c in CLASS_COLOURS.items()]
-    else:
-        items += [(c, k) for k, c in STATUS_COLOURS.items() if k in {"completed", "admitted"}]
-        items += [(CLASS_COLOURS["failed"], "failed"), (CLASS_COLOURS["cancelled"], "cancelled")]
+    else:  # no rows yet: colour by call status
+        items = [(STATUS_COLOURS[k], k) for k in ("completed", "admitted", "failed", "cancelled")]
     swatches = "".join(
         f'<span class="item"><span class="sw" style="background:{c}"></span>{html.escape(t)}</span>'
         for c, t in items
