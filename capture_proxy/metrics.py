@@ -15,7 +15,8 @@ Names:
 - histograms (seconds): ``capture_upstream_latency_seconds{endpoint}`` (the generation request:
   the whole answer, or the stream from the request to its last chunk — time spent waiting on the
   engine), ``capture_proxy_overhead_seconds{endpoint}`` (the call's time in the proxy minus that
-  upstream time: attribution, prompt construction, admission, capture, commit, relaying) and
+  upstream time: attribution, prompt construction (with its render round trip when stitching),
+  admission, capture, commit, relaying; for a stream, also time the client takes to read) and
   ``capture_commit_latency_seconds`` (the completion's transaction).
 
 The capture path measures through three small calls: :meth:`Metrics.timer` when a request
