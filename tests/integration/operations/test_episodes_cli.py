@@ -100,3 +100,12 @@ def test_errors_are_one_line(proxy_url: str, capsys: pytest.CaptureFixture[str])
     assert main(["episodes", "close", "ep-c", "--reward", "0", "--url", proxy_url]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "409" in err[0]
+
+
+def test_healthcheck_command(proxy_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["healthcheck", "--url", proxy_url]) == 0
+    assert main(["healthcheck", "--url", proxy_url, "--ready"]) == 0  # store and vLLM answer
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert main(["healthcheck", "--url", dead]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"capture-proxy healthcheck: {dead}/healthz")
