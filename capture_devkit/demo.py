@@ -10,7 +10,7 @@ learner step, prints a summary and writes::
     DIR/rows/rows-*.parquet      the job's training rows, report-*.json its accounting
     DIR/accounting.json          per-episode accounting and figures
     DIR/train.json               learner stats (+ logprob change of owned tokens per agent)
-    DIR/html/<episode>.html      the episode's forest of contexts
+    DIR/html/<episode>.html      the episode viewer's page (as GET /episodes/{id}/view)
 
 Everything it starts (vLLM's process group, the proxy thread) is stopped on exit, also on Ctrl-C.
 """
@@ -28,19 +28,15 @@ from typing import Any
 
 from rich.console import Console
 
-from capture_devkit.demo_report import (
-    EpisodeFigures,
-    episode_figures,
-    forest_html,
-    print_summary,
-    write_html,
-)
+from capture_contracts.bundle import parse_bundle
+from capture_devkit.demo_report import EpisodeFigures, episode_figures, print_summary, write_html
 from capture_devkit.engine import VLLMServer, free_port
 from capture_devkit.harness import close_episode, fetch_bundle, open_episode, run_episode
 from capture_devkit.harness.scripted import dumps_trace
 from capture_devkit.harness.trace import EpisodeTrace
 from capture_devkit.server_thread import ProxyThread
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
+from capture_proxy.viewer import episode_view, render_page
 
 GROUP_ID = "demo-fruit-count"
 REWARDS = (1.0, 0.0, 0.5, 0.25, 0.75, 0.0, 1.0, 0.5)
@@ -118,7 +114,7 @@ def _reconstruct_and_report(out: Path, bundles: Sequence[dict[str, Any]]) -> lis
         rows = sorted(rows_by_episode.get(episode_id, []), key=lambda r: r["row_id"])
         parents = reconstruct_episode(bundle).parents
         figures.append(episode_figures(bundle, rows, accounting[episode_id], parents))
-        page = forest_html(bundle, rows, accounting[episode_id], parents)
+        page = render_page(episode_view(parse_bundle(bundle)))  # the proxy's /view page
         write_html(out / "html" / f"{episode_id}.html", page)
     summary = {
         "episodes": {f.episode_id: f.to_dict() for f in figures},

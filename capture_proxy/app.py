@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
-from capture_proxy.api import episodes, openai
+from capture_proxy.api import episodes, openai, viewer
 from capture_proxy.api.capture_router import CaptureRouter
-from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
+from capture_proxy.api.schemas import EPISODE_ERRORS, OPENAI_ERRORS
+from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError, StoreError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
 from capture_proxy.store.db import make_engine, make_sessionmaker, upgrade_async
@@ -24,6 +28,12 @@ from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
+
+APP_DESCRIPTION = (
+    "Records every model call of an agent harness (exact prompt token ids, sampled ids, "
+    "behaviour logprobs) grouped by episode and agent, on its way to a vLLM server. "
+    "Harnesses use the OpenAI-compatible routes; trainers and operators the episode routes."
+)
 
 
 def _error(exc: CaptureError) -> JSONResponse:
@@ -51,6 +61,30 @@ async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
     error.status_code = exc.status_code
     error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return _error(error)
+
+
+async def _check(probe: Awaitable[None]) -> str:
+    """``"ok"``, or the one-line reason a readiness probe failed."""
+    try:
+        await probe
+    except CaptureError as exc:
+        return exc.message
+    return "ok"
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document as the app behaves: validation errors are 400 error bodies, not 422."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def create_app(
@@ -81,23 +115,60 @@ def create_app(
             await store.aclose()
             await engine.dispose()
 
-    app = FastAPI(title="capture-proxy", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="capture-proxy",
+        version=__version__,
+        description=APP_DESCRIPTION,
+        lifespan=lifespan,
+    )
     app.add_exception_handler(CaptureError, _on_capture_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.include_router(episodes.router)
-    app.include_router(openai.router)
+    app.include_router(episodes.router, responses=EPISODE_ERRORS)
+    app.include_router(openai.router, responses=OPENAI_ERRORS)
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers (no dependency is checked)."""
         return {"status": "ok"}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics(request: Request) -> PlainTextResponse:
+    app.add_api_route("/health", healthz, methods=["GET"], include_in_schema=False)  # alias
+
+    @app.get(
+        "/readyz",
+        tags=["operations"],
+        responses={503: {"description": "The store or the engine is not reachable."}},
+    )
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: the store answers a query and the engine its health route (else 503)."""
         service: CaptureService = request.app.state.service
+        upstream = service.settings.upstream
+        checks = await asyncio.gather(
+            _check(service.store.health.ping()),
+            _check(service.upstream.ping(upstream.health_path, upstream.ready_timeout_s)),
+        )
+        ready = all(result == "ok" for result in checks)
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "store": checks[0],
+            "engine": checks[1],
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+    async def metrics(request: Request) -> PlainTextResponse:
+        """Prometheus text format (capture_proxy/metrics.py lists the series)."""
+        service: CaptureService = request.app.state.service
+        try:
+            episodes: dict[str, int] | None = await service.store.health.episode_counts()
+        except StoreError as exc:
+            log.warning("metrics: no episode gauge: %s", exc.message)
+            episodes = None
         return PlainTextResponse(
-            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            service.metrics.render(episodes), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    app.include_router(viewer.router, responses={404: EPISODE_ERRORS[404]})
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(CaptureRouter, service=lambda: app.state.service)
     return app

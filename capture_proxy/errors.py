@@ -11,7 +11,8 @@
         │   └── Conflict          409 not open, duplicate id, reward mismatch, calls outstanding
         ├── UpstreamError             the engine failed → its own status (or 502) with an error body
         │   └── UpstreamTimeout   504
-        └── StoreError                the transactional store failed → 500
+        ├── StoreError                the transactional store failed → 500
+        └── InvalidSettings           a CAPTURE_PROXY_* variable is malformed (commands: exit 2)
 
 Format errors of shared data (``InvalidBundle``, ``InvalidRow``) come from
 :mod:`capture_contracts.errors`; the app answers every :class:`CaptureError` with its
@@ -71,3 +72,9 @@ class UpstreamTimeout(UpstreamError):
 class StoreError(CaptureProxyError):
     status_code = 500
     error_type = "store_error"
+
+
+class InvalidSettings(CaptureProxyError):
+    """A setting from the environment is malformed; the message names the variable."""
+
+    error_type = "settings_error"

@@ -36,7 +36,7 @@ from capture_proxy.capture import (
 )
 from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
-from capture_proxy.metrics import Metrics
+from capture_proxy.metrics import CallTimer, Metrics
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -55,8 +55,9 @@ class _InFlight:
 
     episode_id: str
     call_ids: list[str]
+    timer: CallTimer  # metrics: upstream time and the proxy's overhead
+    role: str
     agent_id: str | None = None
-    role: str = "policy"
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[Any] | None = None
     plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
@@ -94,6 +95,12 @@ class JSONResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
+
+
+def _token_counts(generations: list[Generation]) -> tuple[int, int]:
+    """(prompt, completion) tokens recorded by a request's choices (metrics)."""
+    prompt = sum(len(g.prompt_token_ids) for g in generations)
+    return prompt, sum(len(g.completion_token_ids) for g in generations)
 
 
 def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
@@ -136,6 +143,7 @@ class CaptureService:
     async def handle(
         self, episode_id: str, endpoint: Endpoint, body: Any, headers: Mapping[str, str]
     ) -> Response:
+        timer = self.metrics.timer(endpoint)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         validate_body(endpoint, body)
@@ -168,9 +176,11 @@ class CaptureService:
                 continuation=plan.record,
             ),
         )
-        self.metrics.admitted(endpoint, n, plan.record)
+        self.metrics.admitted(endpoint, n, plan.record, attribution.role)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
-        entry = _InFlight(episode_id, call_ids, attribution.agent_id, attribution.role, plan=plan)
+        entry = _InFlight(
+            episode_id, call_ids, timer, attribution.role, attribution.agent_id, plan=plan
+        )
         self._in_flight[request_id] = entry
         try:
             if stream:
@@ -183,13 +193,17 @@ class CaptureService:
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):
             moved = await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
-        self.metrics.finished(status, moved)
+        self.metrics.finished(status, moved, entry.role)
 
     async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
         record = entry.plan.record if entry.plan is not None else None
         base = record.base_call_id if record is not None else None
-        seqs = await self.store.writer.complete(entry.episode_id, entry.call_ids, generations, base)
-        self.metrics.finished("completed", len(entry.call_ids) if seqs is not None else 0)
+        with self.metrics.commit_timer():
+            seqs = await self.store.writer.complete(
+                entry.episode_id, entry.call_ids, generations, base
+            )
+        moved = len(entry.call_ids) if seqs is not None else 0
+        self.metrics.finished("completed", moved, entry.role, _token_counts(generations))
         if seqs is None:
             return False
         self.continuations.remember(
@@ -218,7 +232,7 @@ class CaptureService:
                 self.continuations.post_json(entry.plan, PATHS[endpoint], upstream_body)
             )
             try:
-                reply = await entry.task
+                reply = await entry.timer.upstream(entry.task)
             except asyncio.CancelledError:
                 if not entry.cancelled.is_set():
                     raise
@@ -243,6 +257,7 @@ class CaptureService:
             raise
         finally:
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
 
     async def _streamed(
         self,
@@ -255,8 +270,8 @@ class CaptureService:
     ) -> Response:
         headers = _call_headers(entry.call_ids, request_id)
         try:
-            response = await self.continuations.open_stream(
-                entry.plan, PATHS[endpoint], upstream_body
+            response = await entry.timer.upstream(
+                self.continuations.open_stream(entry.plan, PATHS[endpoint], upstream_body)
             )
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
@@ -267,6 +282,7 @@ class CaptureService:
             body = error_body_from(response.status_code, raw)
             await self._fail(entry, "failed", f"upstream {response.status_code}: {raw[:500]!r}")
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
             return JSONResponse(body, status_code=response.status_code, headers=headers)
         return StreamingResponse(
             self._relay(entry, request_id, endpoint, response, wants, n),
@@ -288,7 +304,7 @@ class CaptureService:
         settled = False
         try:
             done = False
-            async for events in sse_batches(response):
+            async for events in entry.timer.upstream_chunks(sse_batches(response)):
                 out, done = _pass_on(events, entry, capture, wants)
                 if out:
                     yield out
@@ -317,6 +333,7 @@ class CaptureService:
                 yield _sse(error.to_body())
         finally:
             self._in_flight.pop(request_id, None)
+            self.metrics.observe(entry.timer)
             with anyio.CancelScope(shield=True):
                 await response.aclose()
                 if not settled:

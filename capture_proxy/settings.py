@@ -3,24 +3,40 @@
 Examples: ``CAPTURE_PROXY_STORE__URL=postgresql+asyncpg://127.0.0.1/test``,
 ``CAPTURE_PROXY_UPSTREAM__URL=http://127.0.0.1:8000``,
 ``CAPTURE_PROXY_UPSTREAM__OVERRIDES='{"temperature": 1.0}'``.
+
+:func:`load_settings` (behind :func:`get_settings`) turns every way of getting a variable wrong
+into one :class:`~capture_proxy.errors.InvalidSettings` line naming the variable and what it
+expects (a nested group set as a plain value, a value of the wrong type); :func:`env_warnings`
+names ``CAPTURE_PROXY_*`` variables that set nothing (a typo is otherwise silently ignored).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ImportString, SecretStr, model_validator
+from pydantic import BaseModel, Field, ImportString, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from capture_contracts.vocabulary import ContinuationMode, Role
+from capture_proxy.errors import InvalidSettings
+
+ENV_PREFIX = "CAPTURE_PROXY_"
+NESTED = "__"
 
 
 class UpstreamSettings(BaseModel):
     url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM server (no /v1).")
     timeout_s: float = Field(600.0, description="Read timeout for one upstream request.")
     connect_timeout_s: float = 10.0
+    health_path: str = Field(
+        "/health", description="Engine route `/readyz` checks (vLLM answers 200 when serving)."
+    )
+    ready_timeout_s: float = Field(2.0, gt=0, description="Timeout of one readiness check.")
     served_model: str | None = Field(
         None, description="If set, every request's `model` is replaced by this served name."
     )
@@ -113,7 +129,7 @@ class AttributionSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="CAPTURE_PROXY_", env_nested_delimiter="__", extra="ignore"
+        env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="ignore"
     )
 
     host: str = "127.0.0.1"
@@ -142,7 +158,104 @@ class Settings(BaseSettings):
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."
     )
 
+    @property
+    def local_url(self) -> str:
+        """This process's own address (``host``/``port``; a wildcard bind means loopback)."""
+        host = "127.0.0.1" if self.host in {"0.0.0.0", "::", ""} else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _groups() -> dict[str, type[BaseModel]]:
+    """Top-level fields that are nested groups (set as ``CAPTURE_PROXY_<GROUP>__<FIELD>``)."""
+    out: dict[str, type[BaseModel]] = {}
+    for name, info in Settings.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out[name] = kind
+    return out
+
+
+def env_name(loc: tuple[str | int, ...]) -> str:
+    """The variable that sets the field at ``loc``: ``("upstream", "url")`` → ``…UPSTREAM__URL``."""
+    return ENV_PREFIX + NESTED.join(str(part).upper() for part in loc)
+
+
+def setting_variables() -> Iterator[str]:
+    """Every variable name that sets a field: top-level fields, and each field of each group."""
+    groups = _groups()
+    for name in Settings.model_fields:
+        yield env_name((name,))
+        for sub in groups[name].model_fields if name in groups else ():
+            yield env_name((name, sub))
+
+
+def _check_groups(environ: Mapping[str, str]) -> None:
+    """A group set as a plain value (``CAPTURE_PROXY_UPSTREAM=http://…``): say what it wants."""
+    for name, group in _groups().items():
+        value = environ.get(env_name((name,)))
+        if value is None:
+            continue
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            fields = ", ".join(env_name((name, sub)) for sub in group.model_fields)
+            raise InvalidSettings(
+                f"{env_name((name,))}={value!r}: this is a group of settings; set its fields "
+                f"({fields}) or a JSON object",
+                param=env_name((name,)),
+            )
+
+
+def _one_line(exc: ValidationError) -> InvalidSettings:
+    first = exc.errors()[0]
+    loc = tuple(first.get("loc", ()))
+    variable = env_name(loc) if loc else ENV_PREFIX + "*"
+    shown = first.get("input")
+    expects = str(first.get("msg", "an invalid value")).replace("Input should be", "expects")
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return InvalidSettings(f"{variable}={shown!r}: {expects}{more}", param=variable)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """``Settings()`` from the environment, or one :class:`InvalidSettings` line."""
+    environ = os.environ if environ is None else environ
+    _check_groups(environ)
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise _one_line(exc) from None
+    except PydanticSettingsError as exc:  # a value that is not even parseable (JSON groups)
+        raise InvalidSettings(f"{ENV_PREFIX}*: {exc}") from None
+
+
+def env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``CAPTURE_PROXY_*`` variables that name no setting (and are therefore ignored)."""
+    environ = os.environ if environ is None else environ
+    known = set(setting_variables())
+    groups = {env_name((g,)) for g in _groups()}
+    dicts = known - groups  # a key under one of these is a key inside a dict setting
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        field = next((k for k in dicts if upper.startswith(k + NESTED)), None)
+        if field is None:
+            out.append(
+                f"{name} names no setting and is ignored (settings: capture_proxy/settings.py; "
+                f"nested groups use {NESTED!r}, e.g. {ENV_PREFIX}UPSTREAM{NESTED}URL)"
+            )
+        else:  # a key inside a dict setting: its value stays a string
+            key = upper[len(field) + len(NESTED) :].lower()
+            out.append(
+                f"{name} sets {key!r} to the string {environ[name]!r}; for a number or a "
+                f"boolean set {field} to a JSON object instead"
+            )
+    return out
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()

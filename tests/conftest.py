@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures.engine",
     "tests.fixtures.db",
     "tests.fixtures.proxy",
+    "tests.fixtures.browser",
 ]
 
 _TESTS = Path(__file__).parent

@@ -20,8 +20,14 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from trainer_bridge.errors import TrainerError
+
+if TYPE_CHECKING:
+    from capture_contracts.rows import Row
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +63,39 @@ def _print_table(stats: dict[str, object]) -> None:
     Console().print(table)
 
 
+def group_warnings(rows: Iterable[Row]) -> list[str]:
+    """Groups that carry no learning signal (legal, but probably not what was meant).
+
+    A GRPO advantage is the episode's reward minus its group's mean (DESIGN §6): a group of one
+    episode, or one whose rewards are all equal, has advantage 0 everywhere, so its rows add
+    nothing to the loss or the gradient.
+    """
+    groups: dict[str, dict[str, float | None]] = defaultdict(dict)
+    row_counts: Counter[str] = Counter()
+    for row in rows:
+        groups[row.group_id][row.episode_id] = row.reward
+        row_counts[row.group_id] += 1
+    out = []
+    for group_id, rewards in sorted(groups.items()):
+        rows_text = f"its {row_counts[group_id]} rows add no gradient"
+        if len(rewards) == 1:
+            (episode_id,) = rewards
+            out.append(
+                f"group {group_id!r} has one episode ({episode_id!r}): its GRPO advantage is 0 "
+                f"(the reward minus the mean of itself), so {rows_text}; put several attempts "
+                "at the same task in one group"
+            )
+        elif len(set(rewards.values())) == 1:
+            (reward,) = set(rewards.values())
+            out.append(
+                f"group {group_id!r}: all {len(rewards)} episodes have reward {reward!r}, so "
+                f"every advantage is 0 and {rows_text}"
+            )
+    if out and len(out) == len(groups):
+        out.append("no group carries a learning signal: the loss of this step is 0")
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     for name in ("micro_batch_size", "workers"):
@@ -81,6 +120,8 @@ def main(argv: list[str]) -> int:
     )
     started = time.perf_counter()
     try:
+        for warning in group_warnings(read_rows(args.rows)):
+            print(f"train-step: warning: {warning}", file=sys.stderr)
         if args.workers is not None:
             from trainer_bridge.ray_learner import RayStepConfig, ray_train_step
 

@@ -17,6 +17,7 @@ router = APIRouter(prefix="/episodes", tags=["episodes"])
 
 @router.post("", status_code=201)
 async def create_episode(body: CreateEpisode, store: StoreDep, request: Request) -> EpisodeOut:
+    """Open an episode (one task attempt) in a GRPO group; `base_url` is what the harness uses."""
     info = await store.create_episode(body.group_id, body.episode_id, body.metadata)
     return EpisodeOut.of(info, base_url_for(request, info.episode_id))
 
@@ -28,12 +29,14 @@ async def list_episodes(
     status: EpisodeStatus | None = None,
     group_id: str | None = None,
 ) -> list[EpisodeOut]:
+    """Episodes, oldest first, optionally of one status or one group."""
     infos = await store.list_episodes(status=status, group_id=group_id)
     return [EpisodeOut.of(i, base_url_for(request, i.episode_id)) for i in infos]
 
 
 @router.get("/{episode_id}")
 async def get_episode(episode_id: str, store: StoreDep, request: Request) -> EpisodeOut:
+    """One episode: status, reward, calls by state, and the drift report of its chat calls."""
     out = EpisodeOut.of(await store.get_episode(episode_id), base_url_for(request, episode_id))
     out.continuation = drift_report(await store.drift(episode_id))
     return out
@@ -41,16 +44,19 @@ async def get_episode(episode_id: str, store: StoreDep, request: Request) -> Epi
 
 @router.get("/{episode_id}/calls")
 async def list_calls(episode_id: str, store: StoreDep) -> list[CallOut]:
+    """The episode's calls in admission order, without their tokens."""
     return [CallOut.of(c) for c in await store.list_calls(episode_id)]
 
 
 @router.get("/{episode_id}/bundle")
 async def get_bundle(episode_id: str, store: StoreDep) -> dict[str, Any]:
+    """The episode bundle (`capture-episode/v1`, docs/formats.md): every call with its tokens."""
     return (await store.bundle(episode_id)).to_dict()
 
 
 @router.patch("/{episode_id}/calls/{call_id}")
 async def mark_call(episode_id: str, call_id: str, body: MarkCall, store: StoreDep) -> CallOut:
+    """Mark a call `discarded` or `accepted` (DESIGN §5 rule 3), or correct its role."""
     return CallOut.of(await store.mark_call(episode_id, call_id, body.mark, body.role))
 
 
@@ -58,6 +64,8 @@ async def mark_call(episode_id: str, call_id: str, body: MarkCall, store: StoreD
 async def close(
     episode_id: str, body: CloseEpisode, service: ServiceDep, request: Request
 ) -> EpisodeOut:
+    """Close with the episode's one reward; waits `wait_s` for calls in flight, then answers 409
+    (or cancels them with `cancel_outstanding`). Closed episodes go to the reconstruction job."""
     close_request = CloseRequest(
         reward=body.reward,
         wait_s=body.wait_s,

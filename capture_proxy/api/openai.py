@@ -53,30 +53,40 @@ async def _proxy(
 
 @router.post("/episodes/{episode_id}/v1/chat/completions")
 async def chat(episode_id: str, service: ServiceDep, request: Request) -> Response:
+    """OpenAI chat completions (streaming or not), forwarded to vLLM and recorded in the episode.
+
+    The body is the OpenAI request; the answer is the engine's, without the token ids and
+    logprobs the proxy added for itself. Headers `X-Agent-Id`, `X-Parent-Agent-Id` and
+    `X-Call-Role` attribute the call (DESIGN §4); `X-Capture-Call-Id(s)` come back."""
     return await _proxy(service, request, episode_id, "chat")
 
 
 @router.post("/episodes/{episode_id}/v1/completions")
 async def completions(episode_id: str, service: ServiceDep, request: Request) -> Response:
+    """OpenAI (legacy) completions, forwarded and recorded like chat completions."""
     return await _proxy(service, request, episode_id, "completions")
 
 
 @router.get("/episodes/{episode_id}/v1/models")
 async def models(episode_id: str, service: ServiceDep, store: StoreDep) -> Response:
+    """The engine's model list (404 for an unknown episode)."""
     await store.get_episode(episode_id)
     return await service.models()
 
 
 @router.post("/v1/chat/completions")
 async def chat_by_header(service: ServiceDep, request: Request) -> Response:
+    """Chat completions for harnesses that cannot change the path: the episode is `X-Episode-Id`."""
     return await _proxy(service, request, None, "chat")
 
 
 @router.post("/v1/completions")
 async def completions_by_header(service: ServiceDep, request: Request) -> Response:
+    """Completions, the episode named by the `X-Episode-Id` header."""
     return await _proxy(service, request, None, "completions")
 
 
 @router.get("/v1/models")
 async def models_by_header(service: ServiceDep) -> Response:
+    """The engine's model list."""
     return await service.models()

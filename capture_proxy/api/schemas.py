@@ -92,3 +92,33 @@ class CallOut(BaseModel):
     @classmethod
     def of(cls, info: CallInfo) -> CallOut:
         return cls(**{name: getattr(info, name) for name in cls.model_fields})
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, not_found_error, upstream_error, …")
+    param: str | None = Field(None, description="The field or header at fault, if one is.")
+    code: str | int | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error, on every route: OpenAI's shape (``capture_contracts.errors``)."""
+
+    error: ErrorDetail
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+#: The error answers documented on the episode and OpenAI routes (the app answers 400, not 422).
+EPISODE_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Malformed request (the error body names the field in `param`)."),
+    404: _error("Unknown episode or call."),
+    409: _error("The episode is not open, the id exists, or calls are still in flight."),
+}
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    **EPISODE_ERRORS,
+    502: _error("The engine failed or is unreachable (its own status when it answered one)."),
+    504: _error("The engine timed out."),
+}

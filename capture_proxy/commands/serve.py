@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from capture_proxy.settings import Settings
+from capture_proxy.settings import load_settings
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
 
     from capture_proxy.app import create_app
 
-    settings = Settings()
+    settings = load_settings()
     updates: dict[str, object] = {}
     if args.host:
         updates["host"] = args.host

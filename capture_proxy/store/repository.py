@@ -26,6 +26,7 @@ from capture_contracts.drift import CallDrift
 from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.store.exports import ExportQueries
+from capture_proxy.store.health import HealthQueries
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
@@ -86,6 +87,7 @@ class Store:
     ) -> None:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
+        self.health = HealthQueries(sessions)
         engine = sessions.kw["bind"]
         self.writer = Writer(engine, sqlite_synchronous=sqlite_synchronous, max_batch=max_batch)
 

@@ -8,6 +8,7 @@ JSON is parsed and written with orjson.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -110,6 +111,18 @@ class Upstream:
 
     async def get_json(self, path: str) -> UpstreamReply:
         return await self._call("GET", path, None)
+
+    async def ping(self, path: str, timeout_s: float) -> None:
+        """Readiness: ``GET path`` answers below 400 within ``timeout_s``, else UpstreamError."""
+        try:
+            with translated(f"GET {path}"):
+                async with asyncio.timeout(timeout_s):
+                    response = await self._transport.send("GET", path, None)
+                    await response.aread()  # vLLM's /health answers an empty body
+        except UpstreamError as exc:
+            raise UpstreamError(f"engine unreachable: GET {path}: {exc.message}") from exc
+        if response.status_code >= 400:
+            raise UpstreamError(f"engine answered {response.status_code} on GET {path}")
 
     async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
         return await self._call("POST", path, orjson.dumps(body))

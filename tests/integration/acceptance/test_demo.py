@@ -34,8 +34,12 @@ def test_demo_writes_everything(tmp_path: Path) -> None:
         bundle = json.loads(path.read_text())
         assert bundle["status"] == "closed"
         assert len(bundle["calls"]) == 10
-        assert (out / "html" / f"{bundle['episode_id']}.html").read_text().startswith("<!doctype")
     rows = [r for p in (out / "rows").glob("rows-*.parquet") for r in pq.read_table(p).to_pylist()]
+    for path in bundles:  # the proxy's viewer page (GET /episodes/{id}/view), one per episode
+        page = (out / "html" / f"{path.stem}.html").read_text()
+        assert page.startswith("<!doctype") and page.count('class="call-node"') == 10
+        own_rows = sum(1 for r in rows if r["episode_id"] == path.stem)
+        assert page.count('<div class="row"') == own_rows > 0
     assert {r["episode_id"] for r in rows} == {p.stem for p in bundles}
     accounting = json.loads((out / "accounting.json").read_text())
     for episode in accounting["accounting"].values():

@@ -52,3 +52,23 @@ def test_db_upgrade_creates_a_store(tmp_path: object, capsys: pytest.CaptureFixt
     assert main(["db", "upgrade", "--db", url]) == 0  # idempotent
     assert main(["db", "upgrade", "--db", "nosuchdialect://x"]) == 1
     assert "capture-proxy db upgrade:" in capsys.readouterr().err
+
+
+def test_engine_refuses_a_directory_without_a_model(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["engine", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a model directory (no config.json)" in err[0]
+
+
+def test_engine_without_vllm_is_one_line() -> None:
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "import importlib.util; importlib.util.find_spec = lambda name, *a: None\n"
+        "from capture_proxy.cli import main\n"
+        "raise SystemExit(main(['engine', '--model', '.']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "needs vLLM in this Python" in done.stderr

@@ -58,3 +58,36 @@ def test_inconsistent_rows_exit_1(
     assert "InconsistentRows" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert capture_proxy([*argv, "--out", str(tmp_path / "o"), "--micro-batch-size", "0"]) == 2
+
+
+def test_groups_without_a_learning_signal_are_warned_about(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(
+        [
+            make_row("solo/0", "solo", "alone", 1.0, [1, 2, 3, 4], [(2, 4)]),
+            make_row("a/0", "a", "tied", 0.5, [1, 2, 3], [(1, 3)]),
+            make_row("b/0", "b", "tied", 0.5, [1, 2, 3], [(1, 3)]),
+        ],
+        path,
+    )
+    argv = ["train-step", "--rows", str(path), "--model", str(tiny_model_dir), "--json"]
+    assert capture_proxy([*argv, "--out", str(tmp_path / "o")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["loss"] == 0.0  # legal: the step runs, and learns nothing
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warnings) == 3, captured.err
+    assert "group 'alone' has one episode ('solo'): its GRPO advantage is 0" in warnings[0]
+    assert "group 'tied': all 2 episodes have reward 0.5" in warnings[1]
+    assert "the loss of this step is 0" in warnings[2]
+
+
+def test_no_warning_when_groups_carry_signal(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(simple_rows(), path)  # two groups of two episodes, different rewards
+    argv = ["train-step", "--rows", str(path), "--model", str(tiny_model_dir), "--json"]
+    assert capture_proxy([*argv, "--out", str(tmp_path / "o")]) == 0
+    assert "warning" not in capsys.readouterr().err
