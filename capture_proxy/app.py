@@ -15,6 +15,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
 from capture_proxy.api import episodes, openai
+from capture_proxy.api.body_limit import BodyLimit
+from capture_proxy.api.openapi import install_openapi
+from capture_proxy.engine_vocab import EngineVocabulary
 from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
@@ -67,6 +70,7 @@ def create_app(
         engine = make_engine(settings.store.url, echo=settings.store.echo)
         upstream = Upstream(settings.upstream, transport=upstream_transport)
         app.state.service = CaptureService(settings, Store(make_sessionmaker(engine)), upstream)
+        app.state.vocabulary = EngineVocabulary(upstream, settings.limits.vocab_size)
         try:
             yield
         finally:
@@ -74,6 +78,8 @@ def create_app(
             await engine.dispose()
 
     app = FastAPI(title="capture-proxy", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.add_middleware(BodyLimit, max_body_bytes=settings.limits.max_body_bytes)
     app.add_exception_handler(CaptureError, _on_capture_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
@@ -91,4 +97,5 @@ def create_app(
             service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    install_openapi(app, settings)
     return app

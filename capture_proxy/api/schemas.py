@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capture_contracts.vocabulary import EpisodeStatus, Mark, Role
+from capture_proxy.api.json_body import check_json_value
 from capture_proxy.store.records import CallAccounting, CallInfo, EpisodeInfo
+
+#: Episode and call ids: what ``POST /episodes`` accepts and the store generates.
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]+")
+#: A label stored as a string column: PostgreSQL refuses NUL in text.
+NO_NUL = r"^[^\x00]*$"
+
+EpisodeIdPath = Annotated[
+    str, Path(min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$")
+]
+CallIdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$")]
 
 
 class _Strict(BaseModel):
+    """REST bodies: unknown fields refused; strings UTF-8-encodable, numbers finite."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_safe(cls, data: Any) -> Any:
+        check_json_value(data)
+        return data
 
 
 class CreateEpisode(_Strict):
-    group_id: str = Field(min_length=1, max_length=200)
+    group_id: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
     episode_id: str | None = Field(
-        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$"
+        None, min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -37,8 +58,12 @@ class CloseEpisode(_Strict):
     cancel_outstanding: bool = Field(
         False, description="Cancel calls still in flight after wait_s instead of answering 409."
     )
-    discarded_calls: list[str] = Field(default_factory=list)
-    accepted_calls: list[str] = Field(default_factory=list)
+    discarded_calls: list[Annotated[str, Field(max_length=200, pattern=NO_NUL)]] = Field(
+        default_factory=list
+    )
+    accepted_calls: list[Annotated[str, Field(max_length=200, pattern=NO_NUL)]] = Field(
+        default_factory=list
+    )
 
 
 class EpisodeOut(BaseModel):
@@ -68,6 +93,14 @@ class EpisodeOut(BaseModel):
             base_url=base_url,
             calls=info.calls,
         )
+
+
+class CreatedEpisode(EpisodeOut):
+    api_key: str | None = Field(
+        None,
+        description="The episode's own key for its OpenAI endpoints, answered only here, once "
+        "(the store keeps its digest). Null when the proxy runs without an admin key.",
+    )
 
 
 class CallOut(BaseModel):

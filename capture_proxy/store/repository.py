@@ -26,6 +26,7 @@ from capture_contracts.drift import CallDrift
 from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.store.exports import ExportQueries, Rollback
+from capture_proxy.store.keys import EpisodeKeys
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
@@ -76,11 +77,16 @@ class Store:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
+        self.keys = EpisodeKeys(sessions)
 
     # -- episodes ---------------------------------------------------------------------------
 
     async def create_episode(
-        self, group_id: str, episode_id: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        group_id: str,
+        episode_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        api_key_hash: str | None = None,  # access control (capture_proxy/api/auth.py)
     ) -> EpisodeInfo:
         episode_id = episode_id or new_id("ep_")
         try:
@@ -94,6 +100,7 @@ class Store:
                         status="open",
                         metadata_=metadata or {},
                         seq=0,
+                        api_key_hash=api_key_hash,
                     )
                 )
         except IntegrityError as exc:
