@@ -51,6 +51,7 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as http:
         created = await http.post("/episodes", json={"group_id": "g", "episode_id": "ep"})
         assert created.status_code == 201
+        assert created.json()["api_key"] is None  # no admin key: open, no episode keys
         yield http
 
 
@@ -130,6 +131,12 @@ async def test_token_ids_inside_the_engine_vocabulary_are_served(
     assert error["code"] == "token_id_out_of_vocabulary"
     assert f"ids 0 to {last}" in error["message"]
     assert await _admitted(client) == 1
+
+
+async def test_an_agent_id_too_long_for_the_store_is_400(client: httpx.AsyncClient) -> None:
+    long = await client.post(CHAT, json={"messages": HELLO}, headers={"X-Agent-Id": "a" * 201})
+    assert _openai_error(long, 400)["param"] == "X-Agent-Id"
+    assert await _admitted(client) == 0
 
 
 async def test_unknown_and_closed_episodes(client: httpx.AsyncClient) -> None:
