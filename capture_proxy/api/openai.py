@@ -45,7 +45,18 @@ _COMPLETION_ANSWER: dict[int | str, dict[str, Any]] = {
         "X-Capture-Call-Id names the recorded call.",
         "content": {
             "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {  # the schema of one event (OpenAPI 3.1)
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {
+                        "data": {
+                            "type": "string",
+                            "description": "A chunk (JSON), an error object (JSON) or [DONE].",
+                        }
+                    },
+                }
+            },
         },
     }
 }

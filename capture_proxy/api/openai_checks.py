@@ -49,7 +49,10 @@ def check_n(body: dict[str, Any], limits: LimitsSettings) -> None:
 
 
 def prompt_token_ids(prompt: Any) -> list[int] | None:
-    """The token ids of a completions prompt, None for a text prompt; BadRequest for a batch."""
+    """The token ids of a completions prompt, None for a text prompt; BadRequest for a batch
+    or an empty prompt (a call is recorded with its prompt's tokens: there would be none)."""
+    if prompt == "":
+        raise BadRequest("`prompt` is empty", param="prompt")
     if isinstance(prompt, list):
         if not prompt:
             raise BadRequest("`prompt` is an empty list", param="prompt")

@@ -17,7 +17,9 @@ MAX_MODEL_CHARS = 200
 
 
 class _Permissive(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """Unknown fields allowed; known ones strictly typed (JSON's types: ``"5"`` is no integer)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class ChatMessage(_Permissive):

@@ -24,9 +24,10 @@ CallIdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=f"^{ID_PA
 
 
 class _Strict(BaseModel):
-    """REST bodies: unknown fields refused; strings UTF-8-encodable, numbers finite."""
+    """REST bodies: unknown fields refused, JSON's types (``0`` is no boolean), strings
+    UTF-8-encodable, numbers finite."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
     @classmethod
