@@ -24,14 +24,15 @@ from tests.fixtures.db import sqlite_url
 
 LIMIT = 4096
 MAX_N = 4
-CHAT = "/episodes/ep/v1/chat/completions"
-COMPLETIONS = "/episodes/ep/v1/completions"
+EPISODE = "ep"
+CHAT = f"/episodes/{EPISODE}/v1/chat/completions"
+COMPLETIONS = f"/episodes/{EPISODE}/v1/completions"
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-def _settings(tmp_path: Path) -> Settings:
+def _settings(store_url: str) -> Settings:
     return Settings(
-        store=StoreSettings(url=sqlite_url(tmp_path / "capture.db")),
+        store=StoreSettings(url=store_url),
         upstream=UpstreamSettings(url="http://engine"),
         continuation="passthrough",
         limits=LimitsSettings(max_body_bytes=LIMIT, max_n=MAX_N),
@@ -39,8 +40,17 @@ def _settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
-    app = create_app(_settings(tmp_path), upstream_transport=fake_engine.transport(), migrate=False)
+def bad_input_store(tmp_path: Path) -> str:
+    """A migrated SQLite store (tests/integration/capture_proxy/test_bad_input_postgres.py runs
+    the same tests on PostgreSQL, which refuses more: NUL, over-long strings)."""
+    return sqlite_url(tmp_path / "capture.db")
+
+
+@pytest.fixture
+async def app(bad_input_store: str) -> AsyncIterator[FastAPI]:
+    app = create_app(
+        _settings(bad_input_store), upstream_transport=fake_engine.transport(), migrate=False
+    )
     async with app.router.lifespan_context(app):
         yield app
 
@@ -49,7 +59,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as http:
-        created = await http.post("/episodes", json={"group_id": "g", "episode_id": "ep"})
+        created = await http.post("/episodes", json={"group_id": "g", "episode_id": EPISODE})
         assert created.status_code == 201
         assert created.json()["api_key"] is None  # no admin key: open, no episode keys
         yield http
