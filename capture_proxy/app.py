@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def _error(exc: CaptureError) -> JSONResponse:
-    return JSONResponse(exc.to_body(), status_code=exc.status_code)
+    # A 401 names the scheme (RFC 9110): the key goes in Authorization: Bearer (or x-api-key).
+    headers = {"www-authenticate": "Bearer"} if exc.status_code == 401 else None
+    return JSONResponse(exc.to_body(), status_code=exc.status_code, headers=headers)
 
 
 async def _on_capture_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -54,6 +54,7 @@ async def client(db_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 def _unauthorized(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Bearer"
     error: dict[str, Any] = response.json()["error"]
     assert error["type"] == "authentication_error" and error["message"]
     return error
