@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fastapi import FastAPI
 
 from tests.fixtures.db import fresh_postgres_database
 from tests.unit.capture_proxy.test_bad_input import (  # the same tests and fixtures
@@ -43,3 +44,7 @@ __all__ = [
 def bad_input_store() -> Iterator[str]:
     with fresh_postgres_database("capture_bad") as url:
         yield url
+
+
+def test_these_tests_run_on_postgresql(app: FastAPI) -> None:
+    assert app.state.settings.store.url.startswith("postgresql+asyncpg://")

@@ -69,10 +69,16 @@ schema = schemathesis.openapi.from_dict(
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    store_url = sqlite_url(tmp_path_factory.mktemp("fuzz") / "capture.db")
+def fuzz_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A migrated SQLite store (tests/integration/capture_proxy/test_fuzz_postgres.py overrides
+    it: the same fuzzing on PostgreSQL)."""
+    return sqlite_url(tmp_path_factory.mktemp("fuzz") / "capture.db")
+
+
+@pytest.fixture(scope="module")
+def client(fuzz_store: str) -> Iterator[TestClient]:
     app = create_app(
-        _settings(store_url), upstream_transport=fake_engine.transport(), migrate=False
+        _settings(fuzz_store), upstream_transport=fake_engine.transport(), migrate=False
     )
     with TestClient(app, raise_server_exceptions=False) as http:
         for episode in (OPEN_EPISODE, CLOSING_EPISODE):
@@ -103,9 +109,10 @@ def test_every_route_answers_as_documented(case: schemathesis.Case, client: Test
     case.validate_response(response, checks=CHECKS)
 
 
-def test_the_fuzzed_store_holds_only_settled_calls(client: TestClient) -> None:
+def test_the_fuzzed_store_holds_only_settled_calls(client: TestClient, fuzz_store: str) -> None:
     """After the fuzzing (the test above, same module client): the generated bodies did reach
     the capture path, and every call they admitted reached a terminal state."""
+    assert client.app.state.settings.store.url == fuzz_store  # type: ignore[attr-defined]
     status = client.get(f"/episodes/{OPEN_EPISODE}").json()
     assert status["calls"]["completed"] > 0, "the fuzzing never reached the engine"
     assert status["calls"]["in_flight"] == 0
