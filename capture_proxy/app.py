@@ -6,21 +6,23 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
 from capture_proxy.api import episodes, openai, viewer
+from capture_proxy.api.body_limit import BodyLimit
 from capture_proxy.api.capture_router import CaptureRouter
-from capture_proxy.api.schemas import EPISODE_ERRORS, OPENAI_ERRORS
-from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError, StoreError
+from capture_proxy.api.error_response import error_response
+from capture_proxy.api.openai_schemas import ERROR_RESPONSES
+from capture_proxy.api.openapi import install_openapi
+from capture_proxy.engine_vocab import EngineVocabulary
+from capture_proxy.errors import BadRequest, CaptureProxyError, StoreError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
 from capture_proxy.store.db import make_engine, make_sessionmaker, upgrade_async
@@ -37,14 +39,12 @@ APP_DESCRIPTION = (
 
 
 def _error(exc: CaptureError) -> JSONResponse:
-    return JSONResponse(exc.to_body(), status_code=exc.status_code)
+    return error_response(exc)
 
 
 async def _on_capture_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CaptureError)
-    if not isinstance(exc, ClientError):
-        log.warning("request failed: %s: %s", type(exc).__name__, exc)
-    return _error(exc)
+    return error_response(exc)
 
 
 async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -72,21 +72,6 @@ async def _check(probe: Awaitable[None]) -> str:
     return "ok"
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The OpenAPI document as the app behaves: validation errors are 400 error bodies, not 422."""
-    if app.openapi_schema is None:
-        schema = get_openapi(
-            title=app.title, version=app.version, description=app.description, routes=app.routes
-        )
-        for operations in schema["paths"].values():
-            for operation in operations.values():
-                operation.get("responses", {}).pop("422", None)
-        for name in ("HTTPValidationError", "ValidationError"):
-            schema.get("components", {}).get("schemas", {}).pop(name, None)
-        app.openapi_schema = schema
-    return app.openapi_schema
-
-
 def create_app(
     settings: Settings | None = None,
     *,
@@ -108,6 +93,7 @@ def create_app(
             max_batch=settings.store.max_batch,
         )
         app.state.service = CaptureService(settings, store, upstream)
+        app.state.vocabulary = EngineVocabulary(upstream, settings.limits.vocab_size)
         try:
             yield
         finally:
@@ -121,11 +107,16 @@ def create_app(
         description=APP_DESCRIPTION,
         lifespan=lifespan,
     )
+    app.state.settings = settings
+    # Middleware added later wraps what was added before: the body limit is outermost, so the
+    # generation routes' fast lane (inside it) never reads a body past the limit.
+    app.add_middleware(CaptureRouter, service=lambda: app.state.service)
+    app.add_middleware(BodyLimit, max_body_bytes=settings.limits.max_body_bytes)
     app.add_exception_handler(CaptureError, _on_capture_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.include_router(episodes.router, responses=EPISODE_ERRORS)
-    app.include_router(openai.router, responses=OPENAI_ERRORS)
+    app.include_router(episodes.router)
+    app.include_router(openai.router)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
@@ -168,7 +159,6 @@ def create_app(
             service.metrics.render(episodes), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    app.include_router(viewer.router, responses={404: EPISODE_ERRORS[404]})
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    app.add_middleware(CaptureRouter, service=lambda: app.state.service)
+    app.include_router(viewer.router, responses={404: ERROR_RESPONSES[404]})
+    install_openapi(app, settings)
     return app

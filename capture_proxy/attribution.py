@@ -91,6 +91,18 @@ def _id(value: Any) -> str | None:
     return str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
 
 
+MAX_AGENT_ID_CHARS = 200  # the store's column
+
+
+def _checked_id(value: str | None, name: str) -> str | None:
+    """An agent id fit for the store (PostgreSQL refuses NUL and over-long values): else 400."""
+    if value is not None and (len(value) > MAX_AGENT_ID_CHARS or "\x00" in value):
+        raise BadRequest(
+            f"{name} must be at most {MAX_AGENT_ID_CHARS} characters, without NUL", param=name
+        )
+    return value
+
+
 def attribute(
     headers: Mapping[str, str], body: dict[str, Any], settings: AttributionSettings
 ) -> tuple[Attribution, dict[str, Any]]:
@@ -117,6 +129,8 @@ def attribute(
         or _id(read.get("parent"))
     )
     role = _role(headers, forwarded, read.get("role"), settings)
+    agent = _checked_id(agent, "X-Agent-Id")
+    parent = _checked_id(parent, "X-Parent-Agent-Id")
     return Attribution(agent, parent, role), forwarded
 
 

@@ -8,7 +8,8 @@
         │   ├── BadRequest        400 malformed body, unknown field values
         │   ├── Unauthorized      401 missing or wrong API key
         │   ├── NotFound          404 unknown episode / call
-        │   └── Conflict          409 not open, duplicate id, reward mismatch, calls outstanding
+        │   ├── Conflict          409 not open, duplicate id, reward mismatch, calls outstanding
+        │   └── PayloadTooLarge   413 body over limits.max_body_bytes (answered unread)
         ├── UpstreamError             the engine failed → its own status (or 502) with an error body
         │   └── UpstreamTimeout   504
         ├── StoreError                the transactional store failed → 500
@@ -53,6 +54,11 @@ class NotFound(ClientError):
 class Conflict(ClientError):
     status_code = 409
     error_type = "conflict_error"
+
+
+class PayloadTooLarge(ClientError):
+    status_code = 413
+    error_type = "invalid_request_error"
 
 
 class UpstreamError(CaptureProxyError):

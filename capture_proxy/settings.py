@@ -2,7 +2,8 @@
 
 Examples: ``CAPTURE_PROXY_STORE__URL=postgresql+asyncpg://127.0.0.1/test``,
 ``CAPTURE_PROXY_UPSTREAM__URL=http://127.0.0.1:8000``,
-``CAPTURE_PROXY_UPSTREAM__OVERRIDES='{"temperature": 1.0}'``.
+``CAPTURE_PROXY_UPSTREAM__OVERRIDES='{"temperature": 1.0}'``,
+``CAPTURE_PROXY_LIMITS__MAX_BODY_BYTES=8388608``, ``CAPTURE_PROXY_AUTH__ADMIN_KEY=…``.
 
 :func:`load_settings` (behind :func:`get_settings`) turns every way of getting a variable wrong
 into one :class:`~capture_proxy.errors.InvalidSettings` line naming the variable and what it
@@ -67,6 +68,50 @@ class StoreSettings(BaseModel):
     max_batch: int = Field(
         256, ge=1, description="Most operations the store writer commits in one transaction."
     )
+
+
+#: The hard ceiling of ``limits.max_n`` (each choice is its own recorded call).
+MAX_N_CEILING = 128
+#: Shortest admin key accepted: a guessable key is no access control.
+MIN_ADMIN_KEY_CHARS = 16
+
+
+class LimitsSettings(BaseModel):
+    """What one request may ask for; a request over a limit is answered 4xx before admission."""
+
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body (bytes): larger ones are answered 413 without reading"
+        " the rest (checked on Content-Length up front and while the body streams in).",
+    )
+    max_n: int = Field(
+        16, ge=1, le=MAX_N_CEILING, description="Largest `n` (choices per request) admitted."
+    )
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="Token ids a completions prompt may hold are 0 … vocab_size-1. Unset: asked"
+        " of the engine once per process (capture_proxy/vocabulary.py).",
+    )
+
+
+class AuthSettings(BaseModel):
+    """Access control (capture_proxy/api/auth.py). Without an admin key everything is open,
+    which ``capture-proxy serve`` allows on a loopback address only."""
+
+    admin_key: SecretStr | None = Field(
+        None,
+        description="Bearer key for episode management; with it each episode gets its own"
+        " API key for its OpenAI endpoints (answered once by POST /episodes).",
+    )
+
+    @model_validator(mode="after")
+    def _long_enough(self) -> AuthSettings:
+        key = self.admin_key
+        if key is not None and len(key.get_secret_value()) < MIN_ADMIN_KEY_CHARS:
+            raise ValueError(f"auth.admin_key needs at least {MIN_ADMIN_KEY_CHARS} characters")
+        return self
 
 
 class RoleRule(BaseModel):
@@ -141,6 +186,8 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     continuation: ContinuationMode = Field(
         "stitch",
         description="`stitch` (default): continue an agent on its own sampled tokens (token-in"

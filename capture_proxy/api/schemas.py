@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Path
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capture_contracts.vocabulary import EpisodeStatus, Mark, Role
+from capture_proxy.api.json_body import check_json_value
 from capture_proxy.store.records import CallAccounting, CallInfo, EpisodeInfo
+
+#: Episode and call ids: what ``POST /episodes`` accepts and the store generates.
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]+")
+#: A label stored as a string column: PostgreSQL refuses NUL in text.
+NO_NUL = r"^[^\x00]*$"
+
+EpisodeIdPath = Annotated[
+    str, Path(min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$")
+]
+CallIdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """REST bodies: unknown fields refused, JSON's types (``0`` is no boolean), strings
+    UTF-8-encodable, numbers finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_safe(cls, data: Any) -> Any:
+        check_json_value(data)
+        return data
 
 
 class CreateEpisode(_Strict):
-    group_id: str = Field(min_length=1, max_length=200)
+    group_id: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
     episode_id: str | None = Field(
-        None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:\-]+$"
+        None, min_length=1, max_length=200, pattern=f"^{ID_PATTERN.pattern}$"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -37,8 +59,12 @@ class CloseEpisode(_Strict):
     cancel_outstanding: bool = Field(
         False, description="Cancel calls still in flight after wait_s instead of answering 409."
     )
-    discarded_calls: list[str] = Field(default_factory=list)
-    accepted_calls: list[str] = Field(default_factory=list)
+    discarded_calls: list[Annotated[str, Field(max_length=200, pattern=NO_NUL)]] = Field(
+        default_factory=list
+    )
+    accepted_calls: list[Annotated[str, Field(max_length=200, pattern=NO_NUL)]] = Field(
+        default_factory=list
+    )
 
 
 class EpisodeOut(BaseModel):
@@ -70,6 +96,14 @@ class EpisodeOut(BaseModel):
         )
 
 
+class CreatedEpisode(EpisodeOut):
+    api_key: str | None = Field(
+        None,
+        description="The episode's own key for its OpenAI endpoints, answered only here, once "
+        "(the store keeps its digest). Null when the proxy runs without an admin key.",
+    )
+
+
 class CallOut(BaseModel):
     call_id: str
     request_id: str
@@ -92,33 +126,3 @@ class CallOut(BaseModel):
     @classmethod
     def of(cls, info: CallInfo) -> CallOut:
         return cls(**{name: getattr(info, name) for name in cls.model_fields})
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str = Field(description="invalid_request_error, not_found_error, upstream_error, …")
-    param: str | None = Field(None, description="The field or header at fault, if one is.")
-    code: str | int | None = None
-
-
-class ErrorBody(BaseModel):
-    """Every error, on every route: OpenAI's shape (``capture_contracts.errors``)."""
-
-    error: ErrorDetail
-
-
-def _error(description: str) -> dict[str, Any]:
-    return {"model": ErrorBody, "description": description}
-
-
-#: The error answers documented on the episode and OpenAI routes (the app answers 400, not 422).
-EPISODE_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("Malformed request (the error body names the field in `param`)."),
-    404: _error("Unknown episode or call."),
-    409: _error("The episode is not open, the id exists, or calls are still in flight."),
-}
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    **EPISODE_ERRORS,
-    502: _error("The engine failed or is unreachable (its own status when it answered one)."),
-    504: _error("The engine timed out."),
-}

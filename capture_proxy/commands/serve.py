@@ -1,10 +1,18 @@
-"""``capture-proxy serve``: run the proxy with uvicorn."""
+"""``capture-proxy serve``: run the proxy with uvicorn.
+
+Listening on anything but a loopback address needs an admin key (``--admin-key`` or
+``CAPTURE_PROXY_AUTH__ADMIN_KEY``); without one ``serve`` prints one line and exits 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from capture_proxy.settings import load_settings
+from pydantic import SecretStr
+
+from capture_proxy.api.auth import refusal_to_bind
+from capture_proxy.settings import AuthSettings, load_settings
 
 
 def main(argv: list[str]) -> int:
@@ -13,14 +21,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, help="port (default from settings: 8100)")
     parser.add_argument("--upstream", help="vLLM base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--db", help="store URL, e.g. sqlite+aiosqlite:///./capture.db")
+    parser.add_argument(
+        "--admin-key",
+        help="admin key for the episode API; each episode then gets its own key "
+        "(prefer CAPTURE_PROXY_AUTH__ADMIN_KEY: a flag is visible in the process list)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
-    import uvicorn
-
-    from capture_proxy.app import create_app
-
-    settings = load_settings()
+    settings = load_settings()  # a settings error is one line (InvalidSettings)
+    if args.admin_key is not None:
+        auth = AuthSettings(admin_key=SecretStr(args.admin_key))
+        settings = settings.model_copy(update={"auth": auth})
     updates: dict[str, object] = {}
     if args.host:
         updates["host"] = args.host
@@ -31,6 +43,15 @@ def main(argv: list[str]) -> int:
     if args.db:
         updates["store"] = settings.store.model_copy(update={"url": args.db})
     settings = settings.model_copy(update=updates)
+    refusal = refusal_to_bind(settings)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from capture_proxy.app import create_app
+
     uvicorn.run(
         create_app(settings),
         host=settings.host,

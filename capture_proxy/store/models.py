@@ -54,6 +54,8 @@ class Episode(Base):
     export_id: Mapped[int | None] = mapped_column(
         ForeignKey("exports.export_id"), nullable=True, index=True
     )
+    # SHA-256 (hex) of the episode's API key (capture_proxy/api/auth.py); null when created open.
+    api_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Call(Base):

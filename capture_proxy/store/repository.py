@@ -27,6 +27,7 @@ from capture_contracts.vocabulary import EpisodeStatus, FailedStatus, Mark, Role
 from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.store.exports import ExportQueries
 from capture_proxy.store.health import HealthQueries
+from capture_proxy.store.keys import EpisodeKeys
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
@@ -88,6 +89,7 @@ class Store:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
         self.health = HealthQueries(sessions)
+        self.keys = EpisodeKeys(sessions)
         engine = sessions.kw["bind"]
         self.writer = Writer(engine, sqlite_synchronous=sqlite_synchronous, max_batch=max_batch)
 
@@ -98,7 +100,11 @@ class Store:
     # -- episodes ---------------------------------------------------------------------------
 
     async def create_episode(
-        self, group_id: str, episode_id: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        group_id: str,
+        episode_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        api_key_hash: str | None = None,  # access control (capture_proxy/api/auth.py)
     ) -> EpisodeInfo:
         episode_id = episode_id or new_id("ep_")
         try:
@@ -112,6 +118,7 @@ class Store:
                         status="open",
                         metadata_=metadata or {},
                         seq=0,
+                        api_key_hash=api_key_hash,
                     )
                 )
         except IntegrityError as exc:

@@ -9,6 +9,7 @@ JSON is parsed and written with orjson.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,6 +59,14 @@ def error_body_from(status_code: int, raw: bytes) -> dict[str, Any]:
             "code": status_code,
         }
     }
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    """orjson, or the standard encoder for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body).encode()
 
 
 @contextmanager
@@ -125,7 +134,7 @@ class Upstream:
             raise UpstreamError(f"engine answered {response.status_code} on GET {path}")
 
     async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
-        return await self._call("POST", path, orjson.dumps(body))
+        return await self._call("POST", path, _dumps(body))
 
     async def open_stream(self, path: str, body: dict[str, Any]) -> RawResponse:
         """Send the request and return the open response (status known, body not read).
@@ -133,7 +142,7 @@ class Upstream:
         The caller must ``aclose()`` it; closing early aborts the engine's request.
         """
         with translated(f"POST {path}"):
-            return await self._transport.send("POST", path, orjson.dumps(body))
+            return await self._transport.send("POST", path, _dumps(body))
 
     # -- the token-in path (exact-token continuation) -----------------------------------------
 

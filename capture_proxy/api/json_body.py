@@ -1,0 +1,75 @@
+"""Strict JSON for request bodies: UTF-8, no NaN/Infinity, no lone surrogates, no NUL in labels.
+
+The standard library's ``json.loads`` accepts ``NaN`` and ``Infinity`` (which no JSON encoder
+downstream will write back: the answer would be a 500) and ``"\\ud800"`` escapes that decode to
+a lone surrogate (which cannot be encoded as UTF-8 to the engine or the store). Both are the
+client's fault and get a 400 here, before anything is admitted.
+
+The surrogate walk runs only when the raw text holds a ``\\uD8``…``\\uDF`` escape, so an
+ordinary body costs one ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from starlette.requests import Request
+
+from capture_proxy.errors import BadRequest
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def check_json_value(value: Any, where: str = "body") -> None:
+    """Every string encodes as UTF-8 and every float is finite (raises BadRequest)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{path}: a string holds a lone UTF-16 surrogate") from None
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise BadRequest(f"{path}: {item} is not a JSON number")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, path))
+                stack.append((child, f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+def parse_json(raw: bytes) -> Any:
+    """The body as JSON, or BadRequest saying what is wrong with it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not valid UTF-8: {exc.reason}") from exc
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(text):
+        check_json_value(value)
+    return value
+
+
+async def read_json(request: Request) -> Any:
+    return parse_json(await request.body())
+
+
+def check_label(value: str, name: str, max_chars: int = 200) -> None:
+    """A short identifier that is stored as a string column (PostgreSQL refuses NUL)."""
+    if len(value) > max_chars:
+        raise BadRequest(f"`{name}` is longer than {max_chars} characters", param=name)
+    if "\x00" in value:
+        raise BadRequest(f"`{name}` holds a NUL character", param=name)
