@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
-from capture_proxy.api import episodes, openai
+from capture_proxy.api import anthropic, episodes, openai, responses
 from capture_proxy.errors import BadRequest, CaptureProxyError, ClientError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
@@ -79,6 +79,8 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.include_router(episodes.router)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)  # Messages → chat (capture_proxy.api.edge)
+    app.include_router(responses.router)  # Responses → chat (capture_proxy.api.edge)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

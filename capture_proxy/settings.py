@@ -47,15 +47,18 @@ class StoreSettings(BaseModel):
 class RoleRule(BaseModel):
     """Assigns ``role`` to a call when every matcher that is set matches (at least one must be).
 
-    Matchers: a request header (present, or equal to ``header_value``); a top-level body field
-    (present, or equal to ``body_value``); the first system message's prefix; the requested
-    model name (an alias a harness uses for, e.g., its small model); ``no_tools``.
+    Matchers: a request header (present, or equal to ``header_value``; with ``header_field``,
+    that field of the header's JSON object, as in Codex's ``x-codex-turn-metadata``); a
+    top-level body field (present, or equal to ``body_value``); the first system message's
+    prefix; the requested model name (an alias a harness uses for, e.g., its small model);
+    ``no_tools``.
     """
 
     role: Role
     system_prefix: str | None = None
     header: str | None = None
     header_value: str | None = None
+    header_field: str | None = None
     body_field: str | None = None
     body_value: Any = None
     model: str | None = None
@@ -73,6 +76,25 @@ def _default_role_rules() -> list[RoleRule]:
     return [
         RoleRule(role="auxiliary", system_prefix="You are a title generator", no_tools=True),
         RoleRule(role="compaction", system_prefix="You are a context summarization agent"),
+        # Claude Code 2.1: its request class (main, subagent, compaction, auxiliary, …) and its
+        # auxiliary calls' type; its compaction call's system prompt.
+        RoleRule(
+            role="compaction", header="x-claude-code-request-class", header_value="compaction"
+        ),
+        RoleRule(role="auxiliary", header="x-claude-code-request-class", header_value="auxiliary"),
+        RoleRule(role="auxiliary", header="x-claude-code-auxiliary-type"),
+        RoleRule(
+            role="compaction",
+            system_prefix="You are a helpful AI assistant tasked with summarizing conversations",
+        ),
+        # Codex 0.169: `request_kind` of its turn metadata; its compaction sub-agent header.
+        RoleRule(
+            role="compaction",
+            header="x-codex-turn-metadata",
+            header_field="request_kind",
+            header_value="compaction",
+        ),
+        RoleRule(role="compaction", header="x-openai-subagent", header_value="compact"),
     ]
 
 
