@@ -94,6 +94,20 @@ def _first_system_text(body: Mapping[str, Any]) -> str:
     return ""
 
 
+def _last_user_texts(body: Mapping[str, Any]) -> list[str]:
+    """The text parts of the last ``user`` message (trailing system reminders skipped)."""
+    for message in reversed(body.get("messages") or []):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return [content]
+        if isinstance(content, list):
+            return [str(p.get("text", "")) for p in content if isinstance(p, dict)]
+        return []
+    return []
+
+
 def _checked_role(value: Any, param: str) -> Role:
     if value not in ROLES:
         names = ", ".join(get_args(Role))
@@ -118,6 +132,10 @@ def rule_matches(rule: RoleRule, headers: Mapping[str, str], body: Mapping[str, 
             return False
         if rule.body_value is not None and body[rule.body_field] != rule.body_value:
             return False
+    if rule.last_user_prefix is not None and not any(
+        text.startswith(rule.last_user_prefix) for text in _last_user_texts(body)
+    ):
+        return False
     return rule.system_prefix is None or _first_system_text(body).startswith(rule.system_prefix)
 
 
@@ -126,16 +144,16 @@ def _role(
     body: Mapping[str, Any],
     body_role: Any,
     settings: AttributionSettings,
-) -> Role:
+) -> tuple[Role, RoleRule | None]:
     explicit = headers.get("x-call-role")
     if explicit is not None:
-        return _checked_role(explicit, "X-Call-Role")
+        return _checked_role(explicit, "X-Call-Role"), None
     if body_role is not None:
-        return _checked_role(body_role, settings.role_body_field or "role")
+        return _checked_role(body_role, settings.role_body_field or "role"), None
     for rule in settings.role_rules:
         if rule_matches(rule, headers, body):
-            return rule.role
-    return "policy"
+            return rule.role, rule
+    return "policy", None
 
 
 def _id(value: Any) -> str | None:
@@ -168,7 +186,12 @@ def attribute(
         parent = parent or harness_parent
     agent = agent or _id(read.get("agent"))
     parent = parent or _id(read.get("parent"))
-    role = _role(headers, forwarded, read.get("role"), settings)
+    role, rule = _role(headers, forwarded, read.get("role"), settings)
+    if rule is not None and rule.agent_suffix and agent is not None:
+        # A side context on the agent's own tokens (Claude Code's compaction appends its
+        # instruction to the agent's context): its own agent, the agent as its parent, so
+        # reconstruction sees a shared-prefix fork, not the agent going back (DESIGN §5 3c).
+        agent, parent = f"{agent}{rule.agent_suffix}", agent
     return Attribution(agent, parent, role), forwarded
 
 

@@ -14,9 +14,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-CODEX_BIN = Path(
-    os.environ.get("CAPTURE_CODEX_BIN", REPO / ".venv/codex/node_modules/.bin/codex")
-)
+CODEX_BIN = Path(os.environ.get("CAPTURE_CODEX_BIN", REPO / ".venv/codex/node_modules/.bin/codex"))
 DEAD = "http://127.0.0.1:9"  # nothing listens there: outbound attempts fail at once
 
 
