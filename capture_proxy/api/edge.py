@@ -28,6 +28,7 @@ from collections.abc import (
 )
 from typing import Any, Protocol
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
@@ -105,10 +106,13 @@ async def _translated(
             for event in out:
                 yield render(event)
     finally:
-        await events.aclose()
-        close = getattr(body, "aclose", None)
-        if close is not None:
-            await close()
+        # Shielded: on a client disconnect this runs inside a cancelled scope, and the proxy's
+        # stream must still be closed so it records the call cancelled (DESIGN §3).
+        with anyio.CancelScope(shield=True):
+            await events.aclose()
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
 
 
 def translate(

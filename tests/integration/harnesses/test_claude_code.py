@@ -110,7 +110,7 @@ def test_parent_only_multi_turn_with_tools(
     assert sorted(row.endpoint_call_id for row in check.rows) == sorted(endpoints)
     if continuation == "stitch":
         assert len(check.rows) == 1  # one context, one row: the turns continue on exact tokens
-    check_drift(proxy, episode, bundle)
+    check_drift(proxy, episode, bundle, "Claude Code")
     assert time.monotonic() - started < 150
     check_answer(result)
 
@@ -171,6 +171,6 @@ def test_parent_with_two_concurrent_subagents_one_compacting(
     assert check.accounting.counts["trained"] == len(infos)  # policy + compaction, all kept
     parent_ids = {c["call_id"] for c in by_key["parent"]}
     assert trains_only(row_of(check, final["call_id"]), parent_ids)
-    check_drift(proxy, episode, bundle)
+    check_drift(proxy, episode, bundle, "Claude Code")
     assert time.monotonic() - started < 200
     check_answer(result)

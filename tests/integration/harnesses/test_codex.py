@@ -122,7 +122,7 @@ def test_parent_only_multi_turn_with_tools(
     assert sorted(row.endpoint_call_id for row in check.rows) == sorted(endpoints)
     if continuation == "stitch":
         assert len(check.rows) == 1
-    check_drift(proxy, episode, bundle)
+    check_drift(proxy, episode, bundle, "Codex")
     assert time.monotonic() - started < 150
     check_answer(stdout)
 
