@@ -32,6 +32,9 @@ class Attribution:
     parent_agent_id: str | None
     role: Role
     episode_id: str | None = None
+    #: The agent whose recorded calls this call continues (exact-token continuation), when it
+    #: is not ``agent_id``: a side context (``RoleRule.agent_suffix``) continues its parent's.
+    context_agent_id: str | None = None
 
 
 #: Claude Code 2.1 (every request: the session; a subagent's requests add its agent id and its
@@ -191,7 +194,8 @@ def attribute(
         # A side context on the agent's own tokens (Claude Code's compaction appends its
         # instruction to the agent's context): its own agent, the agent as its parent, so
         # reconstruction sees a shared-prefix fork, not the agent going back (DESIGN §5 3c).
-        agent, parent = f"{agent}{rule.agent_suffix}", agent
+        side = f"{agent}{rule.agent_suffix}"
+        return Attribution(side, agent, role, context_agent_id=agent), forwarded
     return Attribution(agent, parent, role), forwarded
 
 

@@ -171,6 +171,10 @@ def test_parent_with_two_concurrent_subagents_one_compacting(
     assert check.accounting.counts["trained"] == len(infos)  # policy + compaction, all kept
     parent_ids = {c["call_id"] for c in by_key["parent"]}
     assert trains_only(row_of(check, final["call_id"]), parent_ids)
+    if continuation == "stitch":
+        # The compaction call continues worker A's exact tokens (its first turn, the context it
+        # summarises): a child in the forest, sharing that row's prefix, not a ~29k-token root.
+        assert check.parents[compaction["call_id"]] == by_key["worker-a"][0]["call_id"]
     check_drift(proxy, episode, bundle, "Claude Code")
     assert time.monotonic() - started < 200
     check_answer(result)

@@ -206,7 +206,7 @@ def test_claude_code_in_context_compaction_is_a_side_context_of_its_agent() -> N
     ]
     headers = {"x-claude-code-session-id": "S", "x-claude-code-agent-id": "A"}
     attribution, _ = attribute(headers, body, AttributionSettings())
-    assert attribution == Attribution("A/compaction", "A", "compaction")
+    assert attribution == Attribution("A/compaction", "A", "compaction", context_agent_id="A")
     policy, _ = attribute(
         headers, chat("You are a Claude agent.", tools=TOOLS), AttributionSettings()
     )
