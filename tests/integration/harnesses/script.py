@@ -75,6 +75,12 @@ class ScriptedEngine:
         self._keys[agent] = key
         return key
 
+    def key_of(self, agent_id: str | None) -> str:
+        """The script key an agent was given (calls are admitted in a different order than the
+        hook sees them when planning awaits the engine: map by agent, not by position)."""
+        with self._lock:
+            return self._keys[agent_id or "-"]
+
     def __call__(self, body: dict[str, Any], attribution: Attribution) -> dict[str, Any]:
         with self._lock:
             key = self._key(body, attribution)

@@ -132,10 +132,9 @@ def test_parent_with_two_concurrent_subagents_one_compacting(
     stats = result["subagent_stats"]
     assert stats["spawned"] == 2 and stats["completed"] == 2
     infos = call_infos(proxy.url, episode)
-    key_of = dict(zip((c["call_id"] for c in infos), (k for k, _, _ in engine.seen), strict=True))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for info in infos:
-        by_key.setdefault(key_of[info["call_id"]], []).append(info)
+        by_key.setdefault(engine.key_of(info["agent_id"]), []).append(info)
     assert set(by_key) == {"parent", "worker-a", "worker-b"}
     session = result["session_id"]
     assert {(c["agent_id"], c["parent_agent_id"]) for c in by_key["parent"]} == {(session, None)}

@@ -138,10 +138,9 @@ def test_parent_with_two_concurrent_subagents_one_compacting(
     stdout = run_codex(episode.base_url, TASK, tmp_path, config=COMPACT_LIMIT)
 
     infos = call_infos(proxy.url, episode)
-    key_of = dict(zip((c["call_id"] for c in infos), (k for k, _, _ in engine.seen), strict=True))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for info in infos:
-        by_key.setdefault(key_of[info["call_id"]], []).append(info)
+        by_key.setdefault(engine.key_of(info["agent_id"]), []).append(info)
     assert set(by_key) == {"parent", "worker-a", "worker-b"}
     root = {c["agent_id"] for c in by_key["parent"]}
     assert len(root) == 1 and {c["parent_agent_id"] for c in by_key["parent"]} == {None}
