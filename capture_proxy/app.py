@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
-from capture_proxy.api import episodes, openai, viewer
+from capture_proxy.api import anthropic, episodes, openai, responses, viewer
 from capture_proxy.api.body_limit import BodyLimit
 from capture_proxy.api.capture_router import CaptureRouter
 from capture_proxy.api.error_response import error_response
@@ -117,6 +117,8 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.include_router(episodes.router)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)  # Messages → chat (capture_proxy.api.edge)
+    app.include_router(responses.router)  # Responses → chat (capture_proxy.api.edge)
 
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:

@@ -160,9 +160,8 @@ class CaptureService:
         upstream_body, wants = prepare_upstream_body(endpoint, forwarded, self.settings.upstream)
         n = request_n(body)
         stream = bool(body.get("stream"))
-        plan = await self.continuations.plan(
-            episode_id, endpoint, attribution.agent_id, upstream_body
-        )
+        context_agent = attribution.context_agent_id or attribution.agent_id  # issue 13 hook
+        plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
         call_ids = await self.store.admit(
             episode_id,
             Admission(

@@ -117,15 +117,23 @@ class AuthSettings(BaseModel):
 class RoleRule(BaseModel):
     """Assigns ``role`` to a call when every matcher that is set matches (at least one must be).
 
-    Matchers: a request header (present, or equal to ``header_value``); a top-level body field
-    (present, or equal to ``body_value``); the first system message's prefix; the requested
-    model name (an alias a harness uses for, e.g., its small model); ``no_tools``.
+    Matchers: a request header (present, or equal to ``header_value``; with ``header_field``,
+    that field of the header's JSON object, as in Codex's ``x-codex-turn-metadata``); a
+    top-level body field (present, or equal to ``body_value``); the first system message's
+    prefix; a text part of the last user message's prefix (an instruction appended to the
+    agent's own context); the requested model name (an alias a harness uses for, e.g., its
+    small model); ``no_tools``. With ``agent_suffix``, a matching call is labelled as agent
+    ``<agent><suffix>`` with the agent as its parent: a side context forked off the agent's
+    tokens (Claude Code's compaction), not the agent itself going back.
     """
 
     role: Role
     system_prefix: str | None = None
     header: str | None = None
     header_value: str | None = None
+    header_field: str | None = None
+    last_user_prefix: str | None = None
+    agent_suffix: str | None = None
     body_field: str | None = None
     body_value: Any = None
     model: str | None = None
@@ -133,9 +141,17 @@ class RoleRule(BaseModel):
 
     @model_validator(mode="after")
     def _has_a_matcher(self) -> RoleRule:
-        matchers = (self.system_prefix, self.header, self.body_field, self.model)
+        matchers = (
+            self.system_prefix,
+            self.header,
+            self.body_field,
+            self.model,
+            self.last_user_prefix,
+        )
         if all(m is None for m in matchers):
-            raise ValueError("a role rule needs system_prefix, header, body_field or model")
+            raise ValueError(
+                "a role rule needs system_prefix, header, body_field, model or last_user_prefix"
+            )
         return self
 
 
@@ -143,6 +159,32 @@ def _default_role_rules() -> list[RoleRule]:
     return [
         RoleRule(role="auxiliary", system_prefix="You are a title generator", no_tools=True),
         RoleRule(role="compaction", system_prefix="You are a context summarization agent"),
+        # Claude Code 2.1: its request class (main, subagent, compaction, auxiliary, …) and its
+        # auxiliary calls' type; its compaction call's system prompt.
+        RoleRule(
+            role="compaction", header="x-claude-code-request-class", header_value="compaction"
+        ),
+        RoleRule(role="auxiliary", header="x-claude-code-request-class", header_value="auxiliary"),
+        RoleRule(role="auxiliary", header="x-claude-code-auxiliary-type"),
+        RoleRule(
+            role="compaction",
+            system_prefix="You are a helpful AI assistant tasked with summarizing conversations",
+        ),
+        # Claude Code 2.1.3xx compacts in the agent's own context (same system prompt and
+        # tools, a summary instruction as the last user turn): a side context of the agent.
+        RoleRule(
+            role="compaction",
+            last_user_prefix="CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
+            agent_suffix="/compaction",
+        ),
+        # Codex 0.169: `request_kind` of its turn metadata; its compaction sub-agent header.
+        RoleRule(
+            role="compaction",
+            header="x-codex-turn-metadata",
+            header_field="request_kind",
+            header_value="compaction",
+        ),
+        RoleRule(role="compaction", header="x-openai-subagent", header_value="compact"),
     ]
 
 

@@ -185,10 +185,12 @@ def choose_base(priors: Sequence[PriorCall], hashes: Sequence[str], tools: str) 
         if not same_tools:
             return Fresh("tools_changed", max(matches, key=_rank))
         return Extends(max(same_tools, key=_rank))
-    if any(p.messages < m and hashes[p.messages] == p.prefix_hash for p in priors):
-        return Fresh("assistant_edited")
+    # A compaction just before wins: a rewrite that keeps the first messages (Codex keeps the
+    # user turns and appends the summary) is not an edited assistant message.
     if max(priors, key=lambda p: p.completed_seq).role == "compaction":
         return Fresh("compaction_rewrite")
+    if any(p.messages < m and hashes[p.messages] == p.prefix_hash for p in priors):
+        return Fresh("assistant_edited")
     return Fresh("not_an_extension")
 
 
@@ -239,10 +241,10 @@ class Priors:
             if not same_tools:
                 return Fresh("tools_changed", max(matches, key=_rank))
             return Extends(max(same_tools, key=_rank))
+        if self.latest.role == "compaction":  # as choose_base: a rewrite, not an edit
+            return Fresh("compaction_rewrite")
         if any(p.messages == k for k in range(m) for p in self._by_prefix.get(hashes[k], ())):
             return Fresh("assistant_edited")
-        if self.latest.role == "compaction":
-            return Fresh("compaction_rewrite")
         return Fresh("not_an_extension")
 
 

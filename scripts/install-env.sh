@@ -31,3 +31,19 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q chromium chromium-driver
 fi
 /usr/bin/chromium --version | sed 's/^/[install-env] ok: /'
+# Claude Code and the Codex CLI (issue 13) for the harness tests, pinned, project-local like
+# OpenCode: each npm package ships its binary in a platform package (no download at run time).
+install_npm_harness() {  # DIR PACKAGE VERSION BIN EXPECTED-VERSION-OUTPUT
+    local dir="$venv/$1" package="$2" version="$3" bin="$4" expected="$5"
+    if [ "$("$dir/node_modules/.bin/$bin" --version 2>/dev/null || true)" != "$expected" ]; then
+        echo "[install-env] $package@$version into $dir"
+        mkdir -p "$dir"
+        npm install --silent --no-audit --no-fund --prefix "$dir" "$package@$version"
+    fi
+    "$dir/node_modules/.bin/$bin" --version | sed "s/^/[install-env] ok: $bin /"
+}
+claude_code_version="2.1.328"
+codex_version="0.169.0"
+install_npm_harness claude-code @anthropic-ai/claude-code "$claude_code_version" claude \
+    "$claude_code_version (Claude Code)"
+install_npm_harness codex @openai/codex "$codex_version" codex "codex-cli $codex_version"

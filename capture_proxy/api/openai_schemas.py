@@ -8,7 +8,7 @@ re-serialised model. The rest of a body is the engine's to judge (its 4xx then f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -93,4 +93,37 @@ UPSTREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: _error("The engine failed (its own answer, passed through)."),
     502: _error("The engine is unreachable or answered nonsense."),
     504: _error("The engine timed out."),
+}
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorBody(BaseModel):
+    """Anthropic's error shape, on every error of the Messages routes."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+def _anthropic_error(description: str) -> dict[str, Any]:
+    return {"model": AnthropicErrorBody, "description": description}
+
+
+#: The Messages routes' error answers (Anthropic's shape).
+MESSAGES_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: _anthropic_error(str(answer["description"]))
+    for status, answer in UPSTREAM_RESPONSES.items()
+}
+#: A translated route's answer: JSON, or its SSE stream when ``stream`` is true.
+TRANSLATED_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The API's answer (JSON), or its SSE stream when `stream` is true.",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    }
 }

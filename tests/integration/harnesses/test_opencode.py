@@ -100,11 +100,13 @@ def check_answer(events: list[dict[str, Any]], continuation: str) -> None:
     assert answer == ANSWER
 
 
-def check_drift(proxy: ProxyServer, episode: Episode, bundle: dict[str, Any]) -> None:
+def check_drift(
+    proxy: ProxyServer, episode: Episode, bundle: dict[str, Any], harness: str = "OpenCode"
+) -> None:
     """The drift report covers every call in the proxy's mode; printed for the record."""
     report = continuation_report(proxy.url, episode)
     infos = bundle["calls"]
-    print(f"\nOpenCode drift ({proxy.settings.continuation}): {json.dumps(report)}")
+    print(f"\n{harness} drift ({proxy.settings.continuation}): {json.dumps(report)}")
     for record in sorted(infos, key=lambda c: c["admitted_seq"]):
         info = record["continuation"] or {}
         print(

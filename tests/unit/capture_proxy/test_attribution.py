@@ -192,3 +192,32 @@ async def test_hook_and_links_through_the_app(tmp_path: Any) -> None:
     assert sent[0]["temperature"] == 1.0 and sent[0]["model"] == "served"
     assert "options" not in sent[0]
     assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
+
+
+CLAUDE_COMPACT = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.\n\nSummarise."
+
+
+def test_claude_code_in_context_compaction_is_a_side_context_of_its_agent() -> None:
+    body = chat("You are a Claude agent.", tools=TOOLS)
+    body["messages"] += [
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": CLAUDE_COMPACT}]},
+        {"role": "system", "content": "a trailing reminder"},  # skipped: the last *user* turn
+    ]
+    headers = {"x-claude-code-session-id": "S", "x-claude-code-agent-id": "A"}
+    attribution, _ = attribute(headers, body, AttributionSettings())
+    assert attribution == Attribution("A/compaction", "A", "compaction", context_agent_id="A")
+    policy, _ = attribute(
+        headers, chat("You are a Claude agent.", tools=TOOLS), AttributionSettings()
+    )
+    assert policy == Attribution("A", "S", "policy")
+
+
+def test_header_json_field_rule_and_explicit_headers_win() -> None:
+    meta = {"x-codex-turn-metadata": json.dumps({"thread_id": "T", "request_kind": "compaction"})}
+    assert role_of(chat(), meta) == "compaction"
+    assert role_of(chat(), {"x-codex-turn-metadata": "not json"}) == "policy"
+    attribution, _ = attribute({**meta, "x-agent-id": "mine"}, chat(), AttributionSettings())
+    assert attribution.agent_id == "mine"  # an explicit X-Agent-Id beats the harness's headers
+    with pytest.raises(ValidationError):
+        RoleRule(role="compaction", agent_suffix="/x")  # a rule needs a matcher

@@ -98,6 +98,10 @@ def test_edited_assistant_tools_changed_compaction_and_unrelated() -> None:
     rewritten = [SYSTEM, {"role": "user", "content": "summary"}]
     assert choose_base([first, compact], chain(rewritten), TOOLS) == Fresh("compaction_rewrite")
     assert choose_base([first], chain(rewritten), TOOLS) == Fresh("not_an_extension")
+    # Codex keeps the user turns and appends the summary: still a compaction rewrite, not an
+    # edited assistant message, although the first call's messages are a prefix.
+    kept = [SYSTEM, USER, {"role": "user", "content": "summary"}]
+    assert choose_base([first, compact], chain(kept), TOOLS) == Fresh("compaction_rewrite")
 
 
 def test_stitched_prompt_is_prompt_completion_trailer_suffix() -> None:
