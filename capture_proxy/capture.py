@@ -13,10 +13,11 @@ from typing import Any
 
 from capture_contracts.vocabulary import Endpoint
 from capture_proxy.errors import BadRequest, UpstreamError
-from capture_proxy.settings import UpstreamSettings
+from capture_proxy.settings import MAX_N_CEILING, UpstreamSettings
 from capture_proxy.store.records import Generation
 
-MAX_N = 16
+#: The service's backstop; the API layer refuses `n` above the configured limits.max_n first.
+MAX_N = MAX_N_CEILING
 
 
 @dataclass(frozen=True, slots=True)

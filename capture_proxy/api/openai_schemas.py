@@ -8,9 +8,10 @@ re-serialised model. The rest of a body is the engine's to judge (its 4xx then f
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 #: Longest ``model`` name: it is recorded with every call (a 200-character column).
 MAX_MODEL_CHARS = 200
@@ -22,9 +23,14 @@ class _Permissive(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class ChatMessage(_Permissive):
-    role: str = Field(description="system, developer, user, assistant or tool.")
-    content: str | list[dict[str, Any]] | None = None
+class ChatMessage(TypedDict):
+    """One message (a TypedDict: validated without building a model per message, ~4× faster
+    on long conversations; benchmarks/bench_input_checks.py)."""
+
+    __pydantic_config__ = ConfigDict(extra="allow", strict=True)  # type: ignore[misc]
+
+    role: Annotated[str, Field(description="system, developer, user, assistant or tool.")]
+    content: NotRequired[str | list[dict[str, Any]] | None]
 
 
 class _Sampling(_Permissive):

@@ -143,6 +143,23 @@ async def test_token_ids_inside_the_engine_vocabulary_are_served(
     assert await _admitted(client) == 1
 
 
+async def test_n_up_to_a_raised_limit_is_served(tmp_path: Path) -> None:
+    settings = _settings(sqlite_url(tmp_path / "raised.db"))
+    settings = settings.model_copy(update={"limits": LimitsSettings(max_n=24)})
+    app = create_app(settings, upstream_transport=fake_engine.transport(), migrate=False)
+    transport = httpx.ASGITransport(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://proxy") as http,
+    ):
+        await http.post("/episodes", json={"group_id": "g", "episode_id": EPISODE})
+        served = await http.post(CHAT, json={"messages": HELLO, "n": 20})
+        assert served.status_code == 200, served.text
+        assert len(served.json()["choices"]) == 20
+        _openai_error(await http.post(CHAT, json={"messages": HELLO, "n": 25}), 400)
+        assert await _admitted(http) == 20
+
+
 async def test_an_agent_id_too_long_for_the_store_is_400(client: httpx.AsyncClient) -> None:
     long = await client.post(CHAT, json={"messages": HELLO}, headers={"X-Agent-Id": "a" * 201})
     assert _openai_error(long, 400)["param"] == "X-Agent-Id"

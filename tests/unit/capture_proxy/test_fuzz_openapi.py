@@ -15,8 +15,10 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import settings
+from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
+from schemathesis.schemas import BaseSchema
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -27,11 +29,19 @@ from schemathesis.specs.openapi.checks import (
 from starlette.testclient import TestClient
 
 from capture_proxy.app import create_app
-from capture_proxy.settings import LimitsSettings, Settings, StoreSettings, UpstreamSettings
+from capture_proxy.settings import (
+    AuthSettings,
+    LimitsSettings,
+    Settings,
+    StoreSettings,
+    UpstreamSettings,
+)
 from tests.fixtures import fake_engine
 from tests.fixtures.db import sqlite_url
 
 MAX_EXAMPLES = 50
+KEYED_EXAMPLES = 20  # the same routes again with access control on: keys, 401s
+ADMIN = "fuzz-admin-key-0123456789abcdef"
 SEED = 12
 OPEN_EPISODE = "fuzz-open"
 CLOSING_EPISODE = "fuzz-closing"
@@ -45,27 +55,29 @@ CHECKS = [
 ]
 
 
-def _settings(store_url: str) -> Settings:
+def _settings(store_url: str, admin_key: str | None = None) -> Settings:
     return Settings(
         store=StoreSettings(url=store_url),
         upstream=UpstreamSettings(url="http://engine"),
         continuation="passthrough",
         limits=LimitsSettings(max_body_bytes=256 * 1024),
+        auth=AuthSettings(admin_key=None if admin_key is None else SecretStr(admin_key)),
     )
 
 
-# The document depends on the routes and the auth setting only: no store is touched here.
-_DOCUMENT = create_app(_settings("sqlite+aiosqlite://"), migrate=False).openapi()
-schema = schemathesis.openapi.from_dict(
-    _DOCUMENT,
-    config=SchemathesisConfig.from_dict(
-        {
-            "seed": SEED,
-            "generation": {"max-examples": MAX_EXAMPLES},
-            "phases": {"stateful": {"enabled": False}},
-        }
-    ),
-)
+def _schema(admin_key: str | None, max_examples: int) -> BaseSchema:
+    # The document depends on the routes and the auth setting only: no store is touched here.
+    document = create_app(_settings("sqlite+aiosqlite://", admin_key), migrate=False).openapi()
+    config = {
+        "seed": SEED,
+        "generation": {"max-examples": max_examples},
+        "phases": {"stateful": {"enabled": False}},
+    }
+    return schemathesis.openapi.from_dict(document, config=SchemathesisConfig.from_dict(config))
+
+
+schema = _schema(None, MAX_EXAMPLES)
+keyed_schema = _schema(ADMIN, KEYED_EXAMPLES)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +99,10 @@ def client(fuzz_store: str) -> Iterator[TestClient]:
         yield http
 
 
+def _positive(case: schemathesis.Case) -> bool:
+    return case.meta is None or "negative" not in str(case.meta.generation.mode).lower()
+
+
 def _aim(case: schemathesis.Case) -> None:
     """Point the OpenAI routes (and the episode reads) at episodes that exist."""
     path = case.operation.path
@@ -103,7 +119,7 @@ def _aim(case: schemathesis.Case) -> None:
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None)
 def test_every_route_answers_as_documented(case: schemathesis.Case, client: TestClient) -> None:
-    if case.meta is None or "negative" not in str(case.meta.generation.mode).lower():
+    if _positive(case):
         _aim(case)  # a generated (invalid) path or header stays as generated
     response = client.request(**case.as_transport_kwargs(base_url="http://testserver"))
     case.validate_response(response, checks=CHECKS)
@@ -118,3 +134,54 @@ def test_the_fuzzed_store_holds_only_settled_calls(client: TestClient, fuzz_stor
     assert status["calls"]["in_flight"] == 0
     calls = client.get(f"/episodes/{OPEN_EPISODE}/calls").json()
     assert all(c["status"] in {"completed", "failed", "cancelled"} for c in calls)
+
+
+# -- the same with access control on ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str]]:
+    """The app with an admin key, and the open episode's own key."""
+    store_url = sqlite_url(tmp_path_factory.mktemp("fuzz-keyed") / "capture.db")
+    app = create_app(
+        _settings(store_url, ADMIN), upstream_transport=fake_engine.transport(), migrate=False
+    )
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with TestClient(app, raise_server_exceptions=False) as http:
+        keys = {}
+        for episode in (OPEN_EPISODE, CLOSING_EPISODE):
+            body = {"group_id": "fuzz", "episode_id": episode}
+            created = http.post("/episodes", json=body, headers=admin)
+            assert created.status_code == 201
+            keys[episode] = created.json()["api_key"]
+        yield http, keys[OPEN_EPISODE]
+
+
+@keyed_schema.parametrize()
+@settings(max_examples=KEYED_EXAMPLES, deadline=None, derandomize=True, database=None)
+def test_every_route_answers_as_documented_with_keys(
+    case: schemathesis.Case, keyed_client: tuple[TestClient, str]
+) -> None:
+    """Valid cases carry the right key (admin on the episode API; the episode's own key on its
+    OpenAI routes, as Bearer by path and as x-api-key by header); invalid ones carry whatever was
+    generated, mostly nothing: a 401 that must match the document too."""
+    client, episode_key = keyed_client
+    if _positive(case):
+        _aim(case)
+        path = case.operation.path
+        if path.startswith("/v1/"):
+            key = {"x-api-key": episode_key}
+        elif "/v1/" in path:
+            key = {"Authorization": f"Bearer {episode_key}"}
+        else:
+            key = {"Authorization": f"Bearer {ADMIN}"}
+        case.headers = {**(case.headers or {}), **key}
+    response = client.request(**case.as_transport_kwargs(base_url="http://testserver"))
+    case.validate_response(response, checks=CHECKS)
+
+
+def test_the_keyed_fuzzing_reached_the_engine(keyed_client: tuple[TestClient, str]) -> None:
+    client, _ = keyed_client
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    status = client.get(f"/episodes/{OPEN_EPISODE}", headers=admin).json()
+    assert status["calls"]["completed"] > 0 and status["calls"]["in_flight"] == 0
