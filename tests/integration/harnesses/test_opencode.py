@@ -175,10 +175,9 @@ def test_parent_with_two_concurrent_subagents_one_compacting(
     events = run_opencode(episode.base_url, TASK, config, tmp_path)
 
     infos = call_infos(proxy.url, episode)
-    key_of = dict(zip((c["call_id"] for c in infos), (k for k, _, _ in engine.seen), strict=True))
     by_key: dict[str, list[dict[str, Any]]] = {}
     for info in infos:
-        by_key.setdefault(key_of[info["call_id"]], []).append(info)
+        by_key.setdefault(engine.key_of(info["agent_id"]), []).append(info)
     assert set(by_key) == {"parent", "worker-a", "worker-b"}
     # Attribution from OpenCode's session headers; roles from its compaction prompt.
     root = {c["agent_id"] for c in by_key["parent"]}
