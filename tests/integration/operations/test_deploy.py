@@ -77,6 +77,9 @@ def empty_postgres() -> Iterator[str]:
     asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+ADMIN_KEY = "deploy-test-admin-key-0123456789"
+
+
 def _container_env(image_env: dict[str, str], service_env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAPTURE_PROXY_")}
     env.pop("PYTHONPATH", None)
@@ -113,6 +116,10 @@ def test_image_commands_and_compose_services(
         for k, v in services["proxy"]["environment"].items()
     }
     proxy_env["CAPTURE_PROXY_UPSTREAM__SERVED_MODEL"] = vllm_server.served_model_name
+    # compose demands the admin key (the proxy listens on 0.0.0.0 in its container)
+    assert ":?" in services["proxy"]["environment"]["CAPTURE_PROXY_AUTH__ADMIN_KEY"]
+    proxy_env["CAPTURE_PROXY_AUTH__ADMIN_KEY"] = ADMIN_KEY
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     image_env = image.env | {"CAPTURE_PROXY_PORT": str(port)}
     env = _container_env(image_env, proxy_env)
     entry = [image_bin / image.entrypoint[0], *image.entrypoint[1:]]
@@ -133,16 +140,21 @@ def test_image_commands_and_compose_services(
         assert subprocess.run(health, env=env, timeout=30).returncode == 0  # HEALTHCHECK
         ready = httpx.get(f"{base}/readyz", timeout=10)
         assert ready.status_code == 200, ready.text
-        created = httpx.post(f"{base}/episodes", json={"group_id": "g"}, timeout=10).json()
+        created = httpx.post(
+            f"{base}/episodes", json={"group_id": "g"}, headers=admin, timeout=10
+        ).json()
         assert created["base_url"].startswith(base)  # CAPTURE_PROXY_PUBLIC_URL
         reply = httpx.post(
             f"{created['base_url']}/chat/completions",
             json={"model": "anything", "messages": [{"role": "user", "content": "hi"}],
                   "max_tokens": 8},
+            headers={"authorization": f"Bearer {created['api_key']}"},
             timeout=60,
         )  # fmt: skip
         assert reply.status_code == 200, reply.text
-        closed = httpx.post(f"{base}/episodes/{created['episode_id']}/close", json={"reward": 1})
+        closed = httpx.post(
+            f"{base}/episodes/{created['episode_id']}/close", json={"reward": 1}, headers=admin
+        )
         assert closed.status_code == 200
 
         # compose: reconstruct (follows the store)
