@@ -167,15 +167,34 @@ class Learner:
         with context:
             return self.packing(
                 self.model,
-                self.module,
+                self.model if self.manual_sync else self.module,
                 batch.input_ids.to(self.device),
                 batch.attention_mask.to(self.device),
                 score_mask.to(self.device),
             )
 
+    @property
+    def manual_sync(self) -> bool:
+        """Tree packing under DDP: one forward per segment, which DDP's reducer (one forward per
+        backward) does not allow. The forwards then bypass the wrapper (its autograd hooks stay
+        idle) and :meth:`all_reduce_gradients` averages the gradients as DDP would."""
+        return self.config.packing == "tree" and getattr(self.module, "no_sync", None) is not None
+
+    def all_reduce_gradients(self) -> None:
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        for param in self.model.parameters():  # the same order on every rank
+            if not param.requires_grad:
+                continue
+            if param.grad is None:  # unused here: every rank must still take part
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad)
+            param.grad /= world
+
     def _sync_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         no_sync = getattr(self.module, "no_sync", None)
-        if last or no_sync is None:
+        if self.manual_sync or last or no_sync is None:
             return contextlib.nullcontext()
         ctx: contextlib.AbstractContextManager[Any] = no_sync()
         return ctx
@@ -212,6 +231,8 @@ class Learner:
             acc.mean_ratio += float(stats.mean_ratio.item())
             acc.micro_batches += 1
             acc.computed_tokens += packed.computed_tokens
+        if self.manual_sync:
+            self.all_reduce_gradients()
         return acc
 
     def apply_gradients(self) -> float:

@@ -172,6 +172,8 @@ def _train_loop(config: dict[str, Any]) -> None:
             ],
             dtype=torch.float64,
         )
+    elif learner.manual_sync:  # an empty shard still takes part in the all-reduce, with zeros
+        learner.all_reduce_gradients()
     else:  # an empty shard still takes part in DDP's gradient all-reduce, with zeros
         dummy = torch.zeros((1, 1), dtype=torch.long, device=learner.device)
         (learner.module(input_ids=dummy, use_cache=False).logits.sum() * 0.0).backward()
