@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from capture_proxy.api.auth import refusal_to_bind
 from capture_proxy.settings import AuthSettings, load_settings
@@ -31,7 +31,11 @@ def main(argv: list[str]) -> int:
 
     settings = load_settings()  # a settings error is one line (InvalidSettings)
     if args.admin_key is not None:
-        auth = AuthSettings(admin_key=SecretStr(args.admin_key))
+        try:
+            auth = AuthSettings(admin_key=SecretStr(args.admin_key))
+        except ValidationError as exc:  # one line, never the key itself
+            print(f"capture-proxy serve: --admin-key: {exc.errors()[0]['msg']}", file=sys.stderr)
+            return 2
         settings = settings.model_copy(update={"auth": auth})
     updates: dict[str, object] = {}
     if args.host:
