@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 CALL_ID_HEADER = "X-Capture-Call-Id"
 CALL_IDS_HEADER = "X-Capture-Call-Ids"
+# A completion the store refused: the call was resolved while it ran (cancelled by a close, or
+# failed as proxy_restart after this instance's lease lapsed); the answer is not recorded.
+_RESOLVED_MEANWHILE = (
+    "this call was resolved while it ran (its episode was closed, or this proxy's lease lapsed);"
+    " its answer is not recorded"
+)
 
 
 @dataclass(slots=True)
@@ -246,7 +252,7 @@ class CaptureService:
             generations = generations_from_response(endpoint, reply.body, n)
             generations = self.continuations.replies(entry.plan, generations, reply.body)
             if not await self._complete(entry, generations):
-                raise Conflict("the episode was closed while this call ran; call cancelled")
+                raise Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
             return JSONResponse(scrub(reply.body, wants), headers=headers)
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
@@ -319,7 +325,7 @@ class CaptureService:
                 yield b"data: [DONE]\n\n"
             else:
                 settled = True
-                yield _sse(Conflict("the episode was closed while this call ran").to_body())
+                yield _sse(Conflict(_RESOLVED_MEANWHILE, code="call_resolved").to_body())
         except (CaptureProxyError, ValueError) as exc:
             settled = True
             if entry.cancelled.is_set():

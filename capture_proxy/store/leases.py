@@ -177,7 +177,14 @@ class LeaseWriter(Protocol):
 class InstanceLease:
     """Registers this process, renews its lease in the background, retires it on stop."""
 
-    def __init__(self, writer: LeaseWriter, identity: InstanceIdentity, lease_s: float) -> None:
+    def __init__(
+        self,
+        writer: LeaseWriter,
+        identity: InstanceIdentity,
+        lease_s: float,
+        on_resolved: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_resolved(n)``: told of every ``n`` orphans this instance resolved (metrics)."""
         if lease_s <= 0:
             raise CaptureProxyError(f"the lease must be positive, not {lease_s}")
         self.writer = writer
@@ -185,11 +192,14 @@ class InstanceLease:
         self.lease_s = lease_s
         self.interval_s = lease_s / 3
         self.resolved_calls = 0  # orphans this instance resolved (metrics, logs)
+        self._on_resolved = on_resolved
         self._task: asyncio.Task[None] | None = None
         self._registered = False
 
     def _note(self, what: str, resolved: Resolved) -> None:
         self.resolved_calls += resolved.calls
+        if self._on_resolved is not None and resolved.calls:
+            self._on_resolved(resolved.calls)
         if resolved.instances:
             log.warning(
                 "%s: ended the lease of %d instance(s) %s; %d unresolved call(s) failed (%s)",
