@@ -306,9 +306,8 @@ class CaptureService:
     ) -> AsyncIterator[bytes]:
         """Pass the engine's chunks through while capturing tokens; [DONE] only after commit."""
         capture = StreamCapture(endpoint, n)
-        settled = False
+        settled = done = False
         try:
-            done = False
             async for events in entry.timer.upstream_chunks(sse_batches(response)):
                 out, done = _pass_on(events, entry, capture, wants)
                 if out:
@@ -340,6 +339,8 @@ class CaptureService:
             self._in_flight.pop(request_id, None)
             self.metrics.observe(entry.timer)
             with anyio.CancelScope(shield=True):
+                if done:  # read the stream's end, so its connection serves the next call
+                    await response.finish()
                 await response.aclose()
                 if not settled:
                     reason = CANCELLED_BY_CLOSE if entry.cancelled.is_set() else CLIENT_DISCONNECTED
