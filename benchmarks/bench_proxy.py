@@ -292,7 +292,6 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
         env = {
             **os.environ,
             "CAPTURE_PROXY_CONTINUATION": args.continuation,
-            "CAPTURE_PROXY_LOG_LEVEL": "warning",
         }
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous

@@ -14,9 +14,10 @@ concurrent sweep is ending.
 - SQLite: a dedicated thread with its own ``sqlite3`` connection and plain SQL (no ORM unit of
   work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so the
   episode counters stay exact when several processes share the file.
-- PostgreSQL: an asyncio task running the same operations through SQLAlchemy Core on one
-  connection (``run_sync``); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the
-  counters are exact across proxy processes.
+- PostgreSQL: an asyncio task running the same operations on one asyncpg connection of its own
+  (prepared statements; the operations run in SQLAlchemy's greenlet bridge, so they stay plain
+  functions); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the counters are
+  exact across proxy processes.
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
 ``FULL`` (the default) syncs the WAL to disk at every commit: a committed call survives a crash of
@@ -32,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -41,9 +43,9 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
 import orjson
-from sqlalchemy import JSON, bindparam, text
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import await_only, greenlet_spawn
 
 from capture_contracts.vocabulary import FailedStatus
 from capture_proxy.errors import CaptureProxyError, StoreError
@@ -58,6 +60,7 @@ T = TypeVar("T")
 SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+_PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")  # a ``:name`` parameter of our SQL
 
 # -- the queue and its two executors ------------------------------------------------------------
 
@@ -234,48 +237,77 @@ class _SqliteWriter:
         return thread
 
 
-class _CoreDb:
-    """SQLAlchemy Core on the sync face of an async connection (PostgreSQL)."""
+class _PgDb:
+    """The operations' SQL on the writer's own asyncpg connection (PostgreSQL).
 
-    _statements: ClassVar[dict[str, Any]] = {}
+    The operations are plain functions; the executor runs them in a greenlet (SQLAlchemy's
+    bridge, the one its asyncio drivers use) so each statement here awaits asyncpg directly:
+    a prepared statement per SQL text, ``$n`` parameters, no ORM, no result processing.
+    """
 
-    def __init__(self, connection: Connection) -> None:
+    _sql: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
+
+    def __init__(self, connection: Any) -> None:
         self.connection = connection
 
     @classmethod
-    def _statement(cls, sql: str) -> Any:
-        statement = cls._statements.get(sql)
-        if statement is None:
-            statement = text(sql)
-            for name in ("usage", "continuation"):
-                if f":{name}" in sql:
-                    statement = statement.bindparams(bindparam(name, type_=JSON))
-            cls._statements[sql] = statement
-        return statement
+    def _positional(cls, sql: str) -> tuple[str, tuple[str, ...]]:
+        known = cls._sql.get(sql)
+        if known is None:
+            names: list[str] = []
+
+            def number(match: re.Match[str]) -> str:
+                if match.group(1) not in names:
+                    names.append(match.group(1))
+                return f"${names.index(match.group(1)) + 1}"
+
+            known = cls._sql[sql] = (_PARAM.sub(number, sql), tuple(names))
+        return known
 
     def rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self.connection.execute(self._statement(sql), params)]
+        text, names = self._positional(sql)
+        found = await_only(self.connection.fetch(text, *[params[n] for n in names]))
+        return [tuple(r) for r in found]
 
     def run(self, sql: str, params: dict[str, Any]) -> int:
-        result = self.connection.execute(self._statement(sql), params)
-        return int(result.rowcount)
+        text, names = self._positional(sql)
+        status = await_only(self.connection.execute(text, *[params[n] for n in names]))
+        return int(status.rsplit(" ", 1)[-1])  # "UPDATE 1", "INSERT 0 1"
 
     def now(self) -> datetime:
         return datetime.now(UTC)
 
     def clock(self) -> float:
         # The server's clock: proxies on several hosts agree on leases without synced clocks.
-        return float(self.connection.execute(text(_SERVER_CLOCK)).scalar_one())
+        return float(await_only(self.connection.fetchval(_SERVER_CLOCK)))
 
-    def json(self, value: Any) -> Any:
-        return value
+    def json(self, value: Any) -> str:
+        return orjson.dumps(value).decode()  # asyncpg takes json columns as text
 
     def loads(self, value: Any) -> Any:
         return orjson.loads(value) if isinstance(value, str | bytes) else value
 
+    def savepoint(self) -> _PgSavepoint:
+        return _PgSavepoint(self.connection)
+
+
+class _PgSavepoint:
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        await_only(connection.execute("SAVEPOINT op"))
+
+    def commit(self) -> None:
+        await_only(self.connection.execute("RELEASE SAVEPOINT op"))
+
+    def rollback(self) -> None:
+        await_only(self.connection.execute("ROLLBACK TO SAVEPOINT op"))
+        await_only(self.connection.execute("RELEASE SAVEPOINT op"))
+
 
 class _AsyncWriter:
-    """The writer task of a PostgreSQL store (one per event loop)."""
+    """The writer task of a PostgreSQL store (one per event loop), on one connection of its own
+    taken from the engine's pool (so the engine's connect arguments apply) and kept; a failed
+    batch drops it and the next batch takes a fresh one."""
 
     def __init__(self, engine: AsyncEngine, max_batch: int) -> None:
         self.engine = engine
@@ -292,27 +324,51 @@ class _AsyncWriter:
         q.put_nowait(op)
 
     async def _run(self, q: asyncio.Queue[_Op | None]) -> None:
-        while True:
-            first = await q.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch and not q.empty():
-                op = q.get_nowait()
-                if op is None:
-                    q.put_nowait(None)
-                    break
-                batch.append(op)
-            try:
-                async with self.engine.begin() as connection:
-                    outcomes = await connection.run_sync(self._apply, batch)
-            except Exception as exc:  # the driver's errors are many; all mean the same here
-                error = StoreError(f"the store failed: {exc}")
-                outcomes = [_Outcome(error=error) for _ in batch]
-            _settle(batch, outcomes)
+        held: AsyncConnection | None = None
+        try:
+            while True:
+                first = await q.get()
+                if first is None:
+                    return
+                batch = [first]
+                while len(batch) < self.max_batch and not q.empty():
+                    op = q.get_nowait()
+                    if op is None:
+                        q.put_nowait(None)
+                        break
+                    batch.append(op)
+                try:
+                    if held is None:
+                        held = await self.engine.connect()
+                    outcomes = await self._commit(held, batch)
+                except Exception as exc:  # the driver's errors are many; all mean the same here
+                    if held is not None:
+                        with contextlib.suppress(Exception):
+                            await held.invalidate()
+                        held = None
+                    error = StoreError(f"the store failed: {exc}")
+                    outcomes = [_Outcome(error=error) for _ in batch]
+                _settle(batch, outcomes)
+        finally:
+            if held is not None:
+                with contextlib.suppress(Exception):
+                    await held.close()
 
-    def _apply(self, connection: Connection, batch: list[_Op]) -> list[_Outcome]:
-        return _apply_batch(_CoreDb(connection), batch, connection.begin_nested, self.prologue)
+    async def _commit(self, held: AsyncConnection, batch: list[_Op]) -> list[_Outcome]:
+        raw = await held.get_raw_connection()
+        connection: Any = raw.driver_connection  # asyncpg's
+        db = _PgDb(connection)
+        transaction = connection.transaction()
+        await transaction.start()
+        try:
+            outcomes: list[_Outcome] = await greenlet_spawn(
+                _apply_batch, db, batch, db.savepoint, self.prologue
+            )
+        except BaseException:
+            await transaction.rollback()
+            raise
+        await transaction.commit()
+        return outcomes
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
