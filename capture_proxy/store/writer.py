@@ -72,6 +72,7 @@ class _Op:
     future: asyncio.Future[Any]
     writes: bool = True
     leased: bool = False  # needs this instance's lease to hold (admissions)
+    isolated: bool = False  # may be refused after writing: runs in a savepoint
 
 
 @dataclass(slots=True)
@@ -97,21 +98,33 @@ Prologue = Callable[[Db], None]
 def _apply_batch(
     db: Db, batch: Sequence[_Op], savepoint: Callable[[], Any], prologue: Prologue | None
 ) -> list[_Outcome]:
+    """Apply a batch in the open transaction; an operation that may be refused half-way (a
+    completion of several choices) runs in a savepoint, so its refusal leaves nothing behind.
+
+    Every other operation is refused, if at all, before it writes — or after no more than taking
+    an episode sequence number, which leaves a harmless gap (``*_seq`` order calls, they do not
+    count them) — so it needs no savepoint: two statements (two round trips on PostgreSQL)
+    fewer per operation. A failure of the store itself aborts the whole batch; the executor then
+    applies each operation alone (``_one_by_one``), so one bad operation fails by itself.
+    """
     if prologue is not None and any(op.leased for op in batch):
         prologue(db)
     outcomes = []
     for op in batch:
-        nested = savepoint()
+        nested = savepoint() if op.isolated else None
         try:
             value = op.apply(db)
         except Refused as refused:
-            nested.rollback()
+            if nested is not None:
+                nested.rollback()
             outcomes.append(_Outcome(refused.result))
         except CaptureProxyError as exc:
-            nested.rollback()
+            if nested is not None:
+                nested.rollback()
             outcomes.append(_Outcome(error=exc))
         else:
-            nested.commit()
+            if nested is not None:
+                nested.commit()
             outcomes.append(_Outcome(value))
     return outcomes
 
@@ -210,7 +223,9 @@ class _SqliteWriter:
         finally:
             connection.close()
 
-    def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
+    def _transaction(
+        self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]
+    ) -> list[_Outcome]:
         writes = any(op.writes for op in batch)
         try:
             connection.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
@@ -219,8 +234,13 @@ class _SqliteWriter:
         except sqlite3.Error as exc:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
-            error = StoreError(f"the store failed: {exc}")
-            outcomes = [_Outcome(error=error) for _ in batch]
+            if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
+                return [self._transaction(connection, db, [op])[0] for op in batch]
+            return [_Outcome(error=StoreError(f"the store failed: {exc}"))]
+        return outcomes
+
+    def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
+        outcomes = self._transaction(connection, db, batch)
         by_loop: dict[asyncio.AbstractEventLoop, tuple[list[_Op], list[_Outcome]]] = {}
         for op, outcome in zip(batch, outcomes, strict=True):
             ops, outs = by_loop.setdefault(op.loop, ([], []))
@@ -337,22 +357,35 @@ class _AsyncWriter:
                         q.put_nowait(None)
                         break
                     batch.append(op)
-                try:
-                    if held is None:
-                        held = await self.engine.connect()
-                    outcomes = await self._commit(held, batch)
-                except Exception as exc:  # the driver's errors are many; all mean the same here
-                    if held is not None:
-                        with contextlib.suppress(Exception):
-                            await held.invalidate()
-                        held = None
-                    error = StoreError(f"the store failed: {exc}")
-                    outcomes = [_Outcome(error=error) for _ in batch]
+                held, outcomes = await self._transaction(held, batch)
                 _settle(batch, outcomes)
         finally:
             if held is not None:
                 with contextlib.suppress(Exception):
                     await held.close()
+
+    async def _transaction(
+        self, held: AsyncConnection | None, batch: list[_Op]
+    ) -> tuple[AsyncConnection | None, list[_Outcome]]:
+        """The batch in one transaction (the connection kept, or dropped after a failure)."""
+        try:
+            if held is None:
+                held = await self.engine.connect()
+            return held, await self._commit(held, batch)
+        except Exception as exc:  # the driver's errors are many; all mean the same here
+            if held is not None:  # a fresh connection for what follows
+                with contextlib.suppress(Exception):
+                    await held.invalidate()
+                with contextlib.suppress(Exception):
+                    await held.close()
+            if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
+                outcomes = []
+                again: AsyncConnection | None = None
+                for op in batch:
+                    again, (outcome,) = await self._transaction(again, [op])
+                    outcomes.append(outcome)
+                return again, outcomes
+            return None, [_Outcome(error=StoreError(f"the store failed: {exc}"))]
 
     async def _commit(self, held: AsyncConnection, batch: list[_Op]) -> list[_Outcome]:
         raw = await held.get_raw_connection()
@@ -416,10 +449,15 @@ class Writer:
             )
 
     async def _run(
-        self, apply: Callable[[Db], Any], *, writes: bool = True, leased: bool = False
+        self,
+        apply: Callable[[Db], Any],
+        *,
+        writes: bool = True,
+        leased: bool = False,
+        isolated: bool = False,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes, leased)
+        op = _Op(apply, loop, loop.create_future(), writes, leased, isolated)
         if self._sqlite is not None:
             self._sqlite.submit(op)
         else:
@@ -451,7 +489,8 @@ class Writer:
         if len(call_ids) != len(generations):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
         result: list[int] | None = await self._run(
-            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id)
+            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id),
+            isolated=len(call_ids) > 1,  # all choices are recorded, or none
         )
         return result
 
