@@ -13,7 +13,10 @@ and the commit's cost per call falls.
   episode counters stay exact when several processes share the file.
 - PostgreSQL: an asyncio task running the same operations through SQLAlchemy Core on one
   connection (``run_sync``); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the
-  counters are exact across proxy processes.
+  counters are exact across proxy processes. A batch first locks the rows of every episode it
+  touches, in episode-id order: two processes' batches over the same episodes then queue behind
+  each other instead of deadlocking (each taking the episodes in its own arrival order, A then B
+  against B then A, deadlocked within seconds under load and failed whole batches: 500s).
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
 ``FULL`` (the default) syncs the WAL to disk at every commit: a committed call survives a crash of
@@ -55,6 +58,11 @@ T = TypeVar("T")
 SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+#: The rows a batch will lock, locked up front in one order (PostgreSQL: LockRows above the Sort).
+_LOCK_EPISODES = text(
+    "SELECT episode_id FROM episodes WHERE episode_id IN :episode_ids"
+    " ORDER BY episode_id FOR UPDATE"
+).bindparams(bindparam("episode_ids", expanding=True))
 
 # -- the queue and its two executors ------------------------------------------------------------
 
@@ -66,6 +74,7 @@ class _Op:
     future: asyncio.Future[Any]
     writes: bool = True
     leased: bool = False  # needs this instance's lease to hold (admissions)
+    episode_id: str | None = None  # the episode whose rows it changes (locked first, in order)
 
 
 @dataclass(slots=True)
@@ -309,6 +318,9 @@ class _AsyncWriter:
             _settle(batch, outcomes)
 
     def _apply(self, connection: Connection, batch: list[_Op]) -> list[_Outcome]:
+        episode_ids = sorted({op.episode_id for op in batch if op.episode_id is not None})
+        if episode_ids:
+            connection.execute(_LOCK_EPISODES, {"episode_ids": episode_ids})
         return _apply_batch(_CoreDb(connection), batch, connection.begin_nested, self.prologue)
 
     async def stop(self) -> None:
@@ -357,10 +369,15 @@ class Writer:
             )
 
     async def _run(
-        self, apply: Callable[[Db], Any], *, writes: bool = True, leased: bool = False
+        self,
+        apply: Callable[[Db], Any],
+        *,
+        writes: bool = True,
+        leased: bool = False,
+        episode_id: str | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes, leased)
+        op = _Op(apply, loop, loop.create_future(), writes, leased, episode_id)
         if self._sqlite is not None:
             self._sqlite.submit(op)
         else:
@@ -378,6 +395,7 @@ class Writer:
         result: list[str] = await self._run(
             lambda db: operations.admit(db, episode_id, admission, call_ids, instance_id),
             leased=self.identity is not None,
+            episode_id=episode_id,
         )
         return result
 
@@ -392,7 +410,8 @@ class Writer:
         if len(call_ids) != len(generations):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
         result: list[int] | None = await self._run(
-            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id)
+            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id),
+            episode_id=episode_id,
         )
         return result
 
@@ -405,7 +424,8 @@ class Writer:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> int:
         result: int = await self._run(
-            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids)
+            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids),
+            episode_id=episode_id,
         )
         return result
 
