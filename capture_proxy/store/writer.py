@@ -17,7 +17,10 @@ concurrent sweep is ending.
 - PostgreSQL: an asyncio task running the same operations on one asyncpg connection of its own
   (prepared statements; the operations run in SQLAlchemy's greenlet bridge, so they stay plain
   functions); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the counters are
-  exact across proxy processes.
+  exact across proxy processes. A batch first locks the rows of every episode it touches, in
+  episode-id order: two processes' batches over the same episodes then queue behind each other
+  instead of deadlocking (each taking the episodes in its own arrival order, A then B against B
+  then A, deadlocked within seconds under load and failed whole batches: 500s).
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
 ``FULL`` (the default) syncs the WAL to disk at every commit: a committed call survives a crash of
@@ -61,6 +64,11 @@ SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")  # a ``:name`` parameter of our SQL
+#: The rows a batch will lock, locked up front in one order (PostgreSQL: LockRows above the Sort).
+_LOCK_EPISODES = (
+    "SELECT episode_id FROM episodes WHERE episode_id = ANY($1::text[])"
+    " ORDER BY episode_id FOR UPDATE"
+)
 
 # -- the queue and its two executors ------------------------------------------------------------
 
@@ -73,6 +81,7 @@ class _Op:
     writes: bool = True
     leased: bool = False  # needs this instance's lease to hold (admissions)
     isolated: bool = False  # may be refused after writing: runs in a savepoint
+    episode_id: str | None = None  # the episode whose rows it changes (locked first, in order)
 
 
 @dataclass(slots=True)
@@ -394,6 +403,9 @@ class _AsyncWriter:
         transaction = connection.transaction()
         await transaction.start()
         try:
+            episode_ids = sorted({op.episode_id for op in batch if op.episode_id is not None})
+            if episode_ids:
+                await connection.execute(_LOCK_EPISODES, episode_ids)
             outcomes: list[_Outcome] = await greenlet_spawn(
                 _apply_batch, db, batch, db.savepoint, self.prologue
             )
@@ -455,9 +467,10 @@ class Writer:
         writes: bool = True,
         leased: bool = False,
         isolated: bool = False,
+        episode_id: str | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes, leased, isolated)
+        op = _Op(apply, loop, loop.create_future(), writes, leased, isolated, episode_id)
         if self._sqlite is not None:
             self._sqlite.submit(op)
         else:
@@ -475,6 +488,7 @@ class Writer:
         result: list[str] = await self._run(
             lambda db: operations.admit(db, episode_id, admission, call_ids, instance_id),
             leased=self.identity is not None,
+            episode_id=episode_id,
         )
         return result
 
@@ -491,6 +505,7 @@ class Writer:
         result: list[int] | None = await self._run(
             lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id),
             isolated=len(call_ids) > 1,  # all choices are recorded, or none
+            episode_id=episode_id,
         )
         return result
 
@@ -503,7 +518,8 @@ class Writer:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> int:
         result: int = await self._run(
-            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids)
+            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids),
+            episode_id=episode_id,
         )
         return result
 
