@@ -67,3 +67,41 @@ async def test_batches_over_the_same_episodes_in_opposite_orders_do_not_deadlock
             await store.aclose()
         await watcher.dispose()
         await holder.dispose()
+
+
+async def test_a_close_marking_a_call_does_not_deadlock_with_its_completion(
+    postgres_url: str,
+) -> None:
+    """A close takes the episode row before it marks calls (the writer's order: episode, then
+    calls). Forced: a third connection holds the call row while a close marking that call and a
+    completion of it line up behind it."""
+    from capture_proxy.store.records import Generation
+
+    store = Store(make_sessionmaker(make_engine(postgres_url)))
+    closer = Store(make_sessionmaker(make_engine(postgres_url)))
+    ep = (await store.create_episode("g")).episode_id
+    [call] = await store.admit(ep, ADMISSION)
+    watcher, holder = make_engine(postgres_url), make_engine(postgres_url)
+    try:
+        async with watcher.connect() as watch, holder.connect() as hold:
+            await hold.execute(
+                text("SELECT 1 FROM calls WHERE call_id = :c FOR UPDATE"), {"c": call}
+            )
+            # The close first (without the order fix it would wait for the call, holding no
+            # episode), then the completion (the episode taken, waiting for the call behind it).
+            close = asyncio.ensure_future(closer.begin_close(ep, 1.0, {call: "accepted"}))
+            await _until_waiting(watch, 1)
+            completion = asyncio.ensure_future(
+                store.writer.complete(ep, [call], [Generation([1], [2], [-0.5], "stop")])
+            )
+            await _until_waiting(watch, 2)
+            await hold.rollback()
+        outcomes = await asyncio.gather(completion, close, return_exceptions=True)
+        assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+        [info] = await store.list_calls(ep)
+        assert (info.status, info.mark) == ("completed", "accepted")
+    finally:
+        for s in (store, closer):
+            await s.aclose()
+        await watcher.dispose()
+        await holder.dispose()
