@@ -92,6 +92,9 @@ class Call(Base):
     reply_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # The drift summary, set at completion: the base call's exact tokens are a prefix of the prompt.
     token_prefix: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # The policy version that served the call, and the grammar that constrained it (migration 0007).
+    weight_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    constraint_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     admitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

@@ -57,10 +57,11 @@ _EPISODE_STATUS = "SELECT status FROM episodes WHERE episode_id = :episode_id"
 _INSERT_CALL = (
     "INSERT INTO calls (call_id, episode_id, request_id, choice_index, endpoint, stream, agent_id,"
     " parent_agent_id, role, status, admitted_seq, model, prompt_token_ids, completion_token_ids,"
-    " completion_logprobs, prompt_tokens, completion_tokens, continuation, admitted_at) VALUES"
+    " completion_logprobs, prompt_tokens, completion_tokens, continuation, admitted_at,"
+    " weight_version, constraint_kind) VALUES"
     " (:call_id, :episode_id, :request_id, :choice_index, :endpoint, :stream, :agent_id,"
     " :parent_agent_id, :role, 'admitted', :admitted_seq, :model, :empty, :empty, :empty, 0, 0,"
-    " :continuation, :now)"
+    " :continuation, :now, :weight_version, :constraint_kind)"
 )
 _COMPLETE_CALL = (
     "UPDATE calls SET status = 'completed', completed_seq = :seq, finish_reason = :finish_reason,"
@@ -148,6 +149,8 @@ def _admit(db: _Db, episode_id: str, admission: Admission, call_ids: Sequence[st
                 "empty": b"",
                 "continuation": continuation,
                 "now": now,
+                "weight_version": admission.weight_version,
+                "constraint_kind": admission.constraint,
             },
         )
     return list(call_ids)
