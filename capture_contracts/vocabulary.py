@@ -60,3 +60,6 @@ DEFAULT_TRAINABLE_ROLES: Final[frozenset[str]] = frozenset({"policy", "compactio
 CANCELLED_BY_CLOSE: Final = "cancelled_by_close"
 #: ``error`` of a call cancelled because the harness went away before its answer was complete.
 CLIENT_DISCONNECTED: Final = "client_disconnected"
+#: ``error`` of a call failed because the proxy instance that admitted it is gone: killed (its
+#: lease expired), restarted under the same name, or stopped with the call still unresolved.
+PROXY_RESTART: Final = "proxy_restart"

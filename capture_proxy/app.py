@@ -26,6 +26,7 @@ from capture_proxy.errors import BadRequest, CaptureProxyError, StoreError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.settings import Settings, get_settings
 from capture_proxy.store.db import make_engine, make_sessionmaker, upgrade_async
+from capture_proxy.store.leases import InstanceIdentity, InstanceLease
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream
 
@@ -87,16 +88,23 @@ def create_app(
             await upgrade_async(settings.store.url)
         engine = make_engine(settings.store.url, echo=settings.store.echo)
         upstream = Upstream(settings.upstream, transport=upstream_transport)
+        identity = InstanceIdentity.new(settings.store.instance_name)
         store = Store(
             make_sessionmaker(engine),
             sqlite_synchronous=settings.store.sqlite_synchronous,
             max_batch=settings.store.max_batch,
+            identity=identity,
+            lease_s=settings.store.lease_s,
         )
+        lease = InstanceLease(store.writer, identity, settings.store.lease_s)
         app.state.service = CaptureService(settings, store, upstream)
         app.state.vocabulary = EngineVocabulary(upstream, settings.limits.vocab_size)
+        app.state.lease = lease
         try:
+            await lease.start()
             yield
         finally:
+            await lease.stop()
             await upstream.aclose()
             await store.aclose()
             await engine.dispose()

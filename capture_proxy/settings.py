@@ -68,6 +68,19 @@ class StoreSettings(BaseModel):
     max_batch: int = Field(
         256, ge=1, description="Most operations the store writer commits in one transaction."
     )
+    lease_s: float = Field(
+        15.0,
+        gt=0,
+        description="Lease of a proxy instance on the calls it admits, renewed every third of it."
+        " A killed instance's unresolved calls become failed (proxy_restart) within 4/3 of this,"
+        " as long as another instance runs; at once when a run of the same name starts.",
+    )
+    instance_name: str | None = Field(
+        None,
+        description="This process's name in the store, kept across restarts; a new run of the "
+        "same name resolves the earlier run's unresolved calls at start. `serve` uses host:port; "
+        "none (the default elsewhere) gives every run its own name.",
+    )
 
 
 #: The hard ceiling of ``limits.max_n`` (each choice is its own recorded call).

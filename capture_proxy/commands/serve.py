@@ -7,6 +7,7 @@ Listening on anything but a loopback address needs an admin key (``--admin-key``
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from pydantic import SecretStr, ValidationError
@@ -47,6 +48,10 @@ def main(argv: list[str]) -> int:
     if args.db:
         updates["store"] = settings.store.model_copy(update={"url": args.db})
     settings = settings.model_copy(update=updates)
+    if settings.store.instance_name is None:  # one process per host and port: a restart's name
+        name = f"{socket.gethostname()}:{settings.port}"
+        store = settings.store.model_copy(update={"instance_name": name})
+        settings = settings.model_copy(update={"store": store})
     refusal = refusal_to_bind(settings)
     if refusal is not None:
         print(refusal, file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Table models: episodes, calls, exports. Token arrays are packed bytes (see packing.py)."""
+"""Table models: episodes, calls, exports, instances. Token arrays are packed (packing.py)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ class Call(Base):
     __table_args__ = (
         Index("ix_calls_episode_status", "episode_id", "status"),
         Index("ix_calls_episode_agent_completed", "episode_id", "agent_id", "completed_seq"),
+        Index("ix_calls_instance_status", "instance_id", "status"),
     )
 
     call_id: Mapped[str] = mapped_column(String(80), primary_key=True)
@@ -92,6 +93,8 @@ class Call(Base):
     reply_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # The drift summary, set at completion: the base call's exact tokens are a prefix of the prompt.
     token_prefix: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # The proxy instance that admitted the call (instances.instance_id; null before revision 0006).
+    instance_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
     # The policy version that served the call, and the grammar that constrained it (migration 0007).
     weight_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     constraint_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -109,3 +112,23 @@ class Export(Base):
     rows: Mapped[int] = mapped_column(Integer)
     episodes: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Instance(Base):
+    """One run of a proxy process and its lease on the calls it admits (store/leases.py)."""
+
+    __tablename__ = "instances"
+    __table_args__ = (
+        Index("ix_instances_state_expires", "state", "expires_at"),
+        Index("ix_instances_name", "name"),
+    )
+
+    instance_id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))  # stable across restarts: host:port
+    state: Mapped[str] = mapped_column(String(16))  # live | expired | replaced | stopped
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[float] = mapped_column(Float)  # epoch seconds by the store's clock
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    resolved_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -28,6 +28,7 @@ from capture_proxy.errors import Conflict, NotFound, StoreError
 from capture_proxy.store.exports import ExportQueries
 from capture_proxy.store.health import HealthQueries
 from capture_proxy.store.keys import EpisodeKeys
+from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.models import Call, Episode, utcnow
 from capture_proxy.store.packing import (
     ids_array,
@@ -85,13 +86,21 @@ class Store:
         *,
         sqlite_synchronous: SqliteSynchronous = "FULL",
         max_batch: int = 256,
+        identity: InstanceIdentity | None = None,
+        lease_s: float = 15.0,
     ) -> None:
         self._sessions = sessions
         self.exports = ExportQueries(sessions)
         self.health = HealthQueries(sessions)
         self.keys = EpisodeKeys(sessions)
         engine = sessions.kw["bind"]
-        self.writer = Writer(engine, sqlite_synchronous=sqlite_synchronous, max_batch=max_batch)
+        self.writer = Writer(
+            engine,
+            sqlite_synchronous=sqlite_synchronous,
+            max_batch=max_batch,
+            identity=identity,
+            lease_s=lease_s,
+        )
 
     async def aclose(self) -> None:
         """Stop the writer (what it was given is committed first)."""

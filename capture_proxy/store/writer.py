@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, TypeVar
 
 import orjson
 from sqlalchemy import JSON, bindparam, text
@@ -41,209 +43,29 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from capture_contracts.vocabulary import FailedStatus
-from capture_proxy.errors import CaptureProxyError, Conflict, NotFound, StoreError
-from capture_proxy.store.packing import pack_ids, pack_logprobs
+from capture_proxy.errors import CaptureProxyError, StoreError
+from capture_proxy.store import leases, operations
+from capture_proxy.store.leases import InstanceIdentity
+from capture_proxy.store.operations import Db, Refused
 from capture_proxy.store.records import Admission, Generation
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-_NEXT_SEQ = "UPDATE episodes SET seq = seq + 1 WHERE episode_id = :episode_id RETURNING seq"
-_NEXT_SEQ_OPEN = (
-    "UPDATE episodes SET seq = seq + 1 WHERE episode_id = :episode_id AND status = 'open' "
-    "RETURNING seq"
-)
-_EPISODE_STATUS = "SELECT status FROM episodes WHERE episode_id = :episode_id"
-_INSERT_CALL = (
-    "INSERT INTO calls (call_id, episode_id, request_id, choice_index, endpoint, stream, agent_id,"
-    " parent_agent_id, role, status, admitted_seq, model, prompt_token_ids, completion_token_ids,"
-    " completion_logprobs, prompt_tokens, completion_tokens, continuation, admitted_at,"
-    " weight_version, constraint_kind) VALUES"
-    " (:call_id, :episode_id, :request_id, :choice_index, :endpoint, :stream, :agent_id,"
-    " :parent_agent_id, :role, 'admitted', :admitted_seq, :model, :empty, :empty, :empty, 0, 0,"
-    " :continuation, :now, :weight_version, :constraint_kind)"
-)
-_COMPLETE_CALL = (
-    "UPDATE calls SET status = 'completed', completed_seq = :seq, finish_reason = :finish_reason,"
-    " prompt_token_ids = :prompt, completion_token_ids = :completion,"
-    " completion_logprobs = :logprobs, prompt_tokens = :prompt_tokens,"
-    " completion_tokens = :completion_tokens, usage = :usage, reply_hash = :reply_hash,"
-    " token_prefix = :token_prefix, completed_at = :now"
-    " WHERE call_id = :call_id AND status = 'admitted'"
-)
-_CALL_TOKENS = "SELECT prompt_token_ids, completion_token_ids FROM calls WHERE call_id = :call_id"
-_FINISH_CALL = (
-    "UPDATE calls SET status = :status, error = :error, completed_at = :now"
-    " WHERE call_id = :call_id AND episode_id = :episode_id AND status = 'admitted'"
-)
-_FINISH_CALL_WITH_PROMPT = (
-    "UPDATE calls SET status = :status, error = :error, completed_at = :now,"
-    " prompt_token_ids = :prompt, prompt_tokens = :prompt_tokens"
-    " WHERE call_id = :call_id AND episode_id = :episode_id AND status = 'admitted'"
-)
-_CHAT_CALLS_SINCE = (
-    "SELECT call_id, completed_seq, role, continuation, reply_hash FROM calls"
-    " WHERE episode_id = :episode_id AND status = 'completed' AND endpoint = 'chat'"
-    " AND {agent} AND completed_seq > :since ORDER BY completed_seq"
-)
-
-
-class _Db(Protocol):
-    """What an operation needs of the open transaction."""
-
-    def rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
-
-    def run(self, sql: str, params: dict[str, Any]) -> int: ...
-
-    def now(self) -> Any: ...
-
-    def json(self, value: Any) -> Any: ...
-
-    def loads(self, value: Any) -> Any: ...
-
-
-class _Refused(Exception):
-    """An operation changes nothing; its savepoint is rolled back and this is its result."""
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
-
-
-# -- the operations (run inside the batch's transaction, each in a savepoint) -----------------
-
-
-def _next_seq(db: _Db, episode_id: str, *, need_open: bool) -> int | None:
-    rows = db.rows(_NEXT_SEQ_OPEN if need_open else _NEXT_SEQ, {"episode_id": episode_id})
-    return int(rows[0][0]) if rows else None
-
-
-def _admit(db: _Db, episode_id: str, admission: Admission, call_ids: Sequence[str]) -> list[str]:
-    continuation = (
-        None if admission.continuation is None else db.json(admission.continuation.to_dict())
-    )
-    now = db.now()
-    for index, call_id in enumerate(call_ids):
-        seq = _next_seq(db, episode_id, need_open=True)
-        if seq is None:
-            status = db.rows(_EPISODE_STATUS, {"episode_id": episode_id})
-            if not status:
-                raise NotFound(f"episode {episode_id!r} not found", param="episode_id")
-            raise Conflict(
-                f"episode {episode_id!r} is {status[0][0]}; it admits no calls",
-                code="episode_not_open",
-            )
-        db.run(
-            _INSERT_CALL,
-            {
-                "call_id": call_id,
-                "episode_id": episode_id,
-                "request_id": call_ids[0] if len(call_ids) == 1 else call_id.rsplit("-", 1)[0],
-                "choice_index": index,
-                "endpoint": admission.endpoint,
-                "stream": admission.stream,
-                "agent_id": admission.agent_id,
-                "parent_agent_id": admission.parent_agent_id,
-                "role": admission.role,
-                "admitted_seq": seq,
-                "model": admission.model,
-                "empty": b"",
-                "continuation": continuation,
-                "now": now,
-                "weight_version": admission.weight_version,
-                "constraint_kind": admission.constraint,
-            },
-        )
-    return list(call_ids)
-
-
-def _complete(
-    db: _Db,
-    episode_id: str,
-    call_ids: Sequence[str],
-    generations: Sequence[Generation],
-    base_call_id: str | None,
-) -> list[int]:
-    base = None
-    if base_call_id is not None:
-        found = db.rows(_CALL_TOKENS, {"call_id": base_call_id})
-        base = bytes(found[0][0] or b"") + bytes(found[0][1] or b"") if found else None
-    now = db.now()
-    seqs = []
-    for call_id, gen in zip(call_ids, generations, strict=True):
-        seq = _next_seq(db, episode_id, need_open=False)
-        prompt = pack_ids(gen.prompt_token_ids)
-        moved = db.run(
-            _COMPLETE_CALL,
-            {
-                "call_id": call_id,
-                "seq": seq,
-                "finish_reason": gen.finish_reason,
-                "prompt": prompt,
-                "completion": pack_ids(gen.completion_token_ids),
-                "logprobs": pack_logprobs(gen.completion_logprobs),
-                "prompt_tokens": len(gen.prompt_token_ids),
-                "completion_tokens": len(gen.completion_token_ids),
-                "usage": None if gen.usage is None else db.json(gen.usage),
-                "reply_hash": gen.reply_hash,
-                "token_prefix": None if base is None else prompt.startswith(base),
-                "now": now,
-            },
-        )
-        if moved != 1:  # cancelled by a close meanwhile: record nothing of this request
-            raise _Refused(None)
-        assert seq is not None
-        seqs.append(seq)
-    return seqs
-
-
-def _finish(
-    db: _Db,
-    episode_id: str,
-    call_ids: Sequence[str],
-    status: FailedStatus,
-    error: str,
-    prompt_token_ids: Sequence[int] | None,
-) -> int:
-    params: dict[str, Any] = {
-        "episode_id": episode_id,
-        "status": status,
-        "error": error[:4000],
-        "now": db.now(),
-    }
-    sql = _FINISH_CALL
-    if prompt_token_ids:
-        sql = _FINISH_CALL_WITH_PROMPT
-        params |= {"prompt": pack_ids(prompt_token_ids), "prompt_tokens": len(prompt_token_ids)}
-    return sum(db.run(sql, {**params, "call_id": call_id}) for call_id in call_ids)
-
-
-def _call_tokens(db: _Db, call_id: str) -> tuple[bytes, bytes]:
-    found = db.rows(_CALL_TOKENS, {"call_id": call_id})
-    if not found:
-        raise NotFound(f"call {call_id!r} not found", param="call_id")
-    return bytes(found[0][0] or b""), bytes(found[0][1] or b"")
-
-
-def _chat_calls_since(
-    db: _Db, episode_id: str, agent_id: str | None, since: int
-) -> list[tuple[str, int, str, Any, str | None]]:
-    agent = "agent_id IS NULL" if agent_id is None else "agent_id = :agent_id"
-    rows = db.rows(
-        _CHAT_CALLS_SINCE.format(agent=agent),
-        {"episode_id": episode_id, "agent_id": agent_id, "since": since},
-    )
-    return [(r[0], int(r[1]), r[2], db.loads(r[3]), r[4]) for r in rows]
-
+_SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 
 # -- the queue and its two executors ------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class _Op:
-    apply: Callable[[_Db], Any]
+    apply: Callable[[Db], Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     writes: bool = True
+    leased: bool = False  # needs this instance's lease to hold (admissions)
 
 
 @dataclass(slots=True)
@@ -262,13 +84,21 @@ def _settle(batch: Sequence[_Op], outcomes: Sequence[_Outcome]) -> None:
             op.future.set_result(outcome.value)
 
 
-def _apply_batch(db: _Db, batch: Sequence[_Op], savepoint: Callable[[], Any]) -> list[_Outcome]:
+#: Runs once, first, in a batch that holds a leased operation (``Writer``: the lease check).
+Prologue = Callable[[Db], None]
+
+
+def _apply_batch(
+    db: Db, batch: Sequence[_Op], savepoint: Callable[[], Any], prologue: Prologue | None
+) -> list[_Outcome]:
+    if prologue is not None and any(op.leased for op in batch):
+        prologue(db)
     outcomes = []
     for op in batch:
         nested = savepoint()
         try:
             value = op.apply(db)
-        except _Refused as refused:
+        except Refused as refused:
             nested.rollback()
             outcomes.append(_Outcome(refused.result))
         except CaptureProxyError as exc:
@@ -293,6 +123,9 @@ class _SqliteDb:
     def now(self) -> str:
         # SQLAlchemy's storage format for DateTime on SQLite (naive UTC).
         return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def clock(self) -> float:
+        return time.time()  # one machine's file: its processes share this clock
 
     def json(self, value: Any) -> str:
         return orjson.dumps(value).decode()
@@ -324,6 +157,7 @@ class _SqliteWriter:
         self.path = path
         self.synchronous = synchronous
         self.max_batch = max_batch
+        self.prologue: Prologue | None = None
         self.queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -374,7 +208,7 @@ class _SqliteWriter:
         writes = any(op.writes for op in batch)
         try:
             connection.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
-            outcomes = _apply_batch(db, batch, lambda: _SqliteSavepoint(connection))
+            outcomes = _apply_batch(db, batch, lambda: _SqliteSavepoint(connection), self.prologue)
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
             if connection.in_transaction:
@@ -426,6 +260,10 @@ class _CoreDb:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
+    def clock(self) -> float:
+        # The server's clock: proxies on several hosts agree on leases without synced clocks.
+        return float(self.connection.execute(text(_SERVER_CLOCK)).scalar_one())
+
     def json(self, value: Any) -> Any:
         return value
 
@@ -439,6 +277,7 @@ class _AsyncWriter:
     def __init__(self, engine: AsyncEngine, max_batch: int) -> None:
         self.engine = engine
         self.max_batch = max_batch
+        self.prologue: Prologue | None = None
         self.queues: dict[asyncio.AbstractEventLoop, asyncio.Queue[_Op | None]] = {}
         self.tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[None]] = {}
 
@@ -469,9 +308,8 @@ class _AsyncWriter:
                 outcomes = [_Outcome(error=error) for _ in batch]
             _settle(batch, outcomes)
 
-    @staticmethod
-    def _apply(connection: Connection, batch: list[_Op]) -> list[_Outcome]:
-        return _apply_batch(_CoreDb(connection), batch, connection.begin_nested)
+    def _apply(self, connection: Connection, batch: list[_Op]) -> list[_Outcome]:
+        return _apply_batch(_CoreDb(connection), batch, connection.begin_nested, self.prologue)
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -490,18 +328,39 @@ class Writer:
         *,
         sqlite_synchronous: SqliteSynchronous = "FULL",
         max_batch: int = 256,
+        identity: InstanceIdentity | None = None,
+        lease_s: float = 15.0,
     ) -> None:
+        """``identity``: the proxy instance whose admissions these are (store/leases.py); the
+        reconstruction job and the CLI, which admit nothing, have none."""
         url = make_url(str(engine.url.render_as_string(hide_password=False)))
+        self.identity = identity
+        self.lease_s = lease_s
         self._sqlite: _SqliteWriter | None = None
         self._async: _AsyncWriter | None = None
+        executor: _SqliteWriter | _AsyncWriter
         if url.get_backend_name() == "sqlite":
-            self._sqlite = _SqliteWriter(url.database or ":memory:", sqlite_synchronous, max_batch)
+            executor = self._sqlite = _SqliteWriter(
+                url.database or ":memory:", sqlite_synchronous, max_batch
+            )
         else:
-            self._async = _AsyncWriter(engine, max_batch)
+            executor = self._async = _AsyncWriter(engine, max_batch)
+        if identity is not None:
+            executor.prologue = self._hold_lease
 
-    async def _run(self, apply: Callable[[_Db], Any], *, writes: bool = True) -> Any:
+    def _hold_lease(self, db: Db) -> None:
+        assert self.identity is not None
+        if not leases.hold(db, self.identity, self.lease_s):
+            log.error(
+                "instance %s admitted a call after its lease was taken; it holds a new lease",
+                self.identity.instance_id,
+            )
+
+    async def _run(
+        self, apply: Callable[[Db], Any], *, writes: bool = True, leased: bool = False
+    ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes)
+        op = _Op(apply, loop, loop.create_future(), writes, leased)
         if self._sqlite is not None:
             self._sqlite.submit(op)
         else:
@@ -509,8 +368,17 @@ class Writer:
             self._async.submit(op)
         return await op.future
 
+    async def lease_op(self, apply: Callable[[Db], T]) -> T:
+        """Run one of the lease's operations (register, heartbeat, retire) as a write."""
+        result: T = await self._run(apply)
+        return result
+
     async def admit(self, episode_id: str, admission: Admission, call_ids: list[str]) -> list[str]:
-        result: list[str] = await self._run(lambda db: _admit(db, episode_id, admission, call_ids))
+        instance_id = None if self.identity is None else self.identity.instance_id
+        result: list[str] = await self._run(
+            lambda db: operations.admit(db, episode_id, admission, call_ids, instance_id),
+            leased=self.identity is not None,
+        )
         return result
 
     async def complete(
@@ -524,7 +392,7 @@ class Writer:
         if len(call_ids) != len(generations):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
         result: list[int] | None = await self._run(
-            lambda db: _complete(db, episode_id, call_ids, generations, base_call_id)
+            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id)
         )
         return result
 
@@ -537,14 +405,14 @@ class Writer:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> int:
         result: int = await self._run(
-            lambda db: _finish(db, episode_id, call_ids, status, error, prompt_token_ids)
+            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids)
         )
         return result
 
     async def call_tokens(self, call_id: str) -> tuple[bytes, bytes]:
         """A call's packed prompt and completion ids."""
         result: tuple[bytes, bytes] = await self._run(
-            lambda db: _call_tokens(db, call_id), writes=False
+            lambda db: operations.call_tokens(db, call_id), writes=False
         )
         return result
 
@@ -553,7 +421,7 @@ class Writer:
     ) -> list[tuple[str, int, str, Any, str | None]]:
         """The agent's completed chat calls with ``completed_seq > since``, in order."""
         result: list[tuple[str, int, str, Any, str | None]] = await self._run(
-            lambda db: _chat_calls_since(db, episode_id, agent_id, since), writes=False
+            lambda db: operations.chat_calls_since(db, episode_id, agent_id, since), writes=False
         )
         return result
 

@@ -1,0 +1,215 @@
+"""The capture path's store operations: each runs inside the writer's batch transaction.
+
+An operation is a plain function of a :class:`Db` (the open transaction) that returns its result,
+raises :class:`Refused` to change nothing and answer a result, or raises a ``CaptureProxyError``
+for its caller. The writer (``writer.py``) runs each in its own savepoint, so a refused operation
+never disturbs the others of its batch. Plain SQL, shared by both executors (SQLite's ``sqlite3``
+and SQLAlchemy Core on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from capture_contracts.vocabulary import FailedStatus
+from capture_proxy.errors import Conflict, NotFound
+from capture_proxy.store.packing import pack_ids, pack_logprobs
+from capture_proxy.store.records import Admission, Generation
+
+_NEXT_SEQ = "UPDATE episodes SET seq = seq + 1 WHERE episode_id = :episode_id RETURNING seq"
+_NEXT_SEQ_OPEN = (
+    "UPDATE episodes SET seq = seq + 1 WHERE episode_id = :episode_id AND status = 'open' "
+    "RETURNING seq"
+)
+_EPISODE_STATUS = "SELECT status FROM episodes WHERE episode_id = :episode_id"
+_INSERT_CALL = (
+    "INSERT INTO calls (call_id, episode_id, request_id, choice_index, endpoint, stream, agent_id,"
+    " parent_agent_id, role, status, admitted_seq, model, prompt_token_ids, completion_token_ids,"
+    " completion_logprobs, prompt_tokens, completion_tokens, continuation, instance_id,"
+    " admitted_at, weight_version, constraint_kind) VALUES"
+    " (:call_id, :episode_id, :request_id, :choice_index, :endpoint, :stream, :agent_id,"
+    " :parent_agent_id, :role, 'admitted', :admitted_seq, :model, :empty, :empty, :empty, 0, 0,"
+    " :continuation, :instance_id, :now, :weight_version, :constraint_kind)"
+)
+_COMPLETE_CALL = (
+    "UPDATE calls SET status = 'completed', completed_seq = :seq, finish_reason = :finish_reason,"
+    " prompt_token_ids = :prompt, completion_token_ids = :completion,"
+    " completion_logprobs = :logprobs, prompt_tokens = :prompt_tokens,"
+    " completion_tokens = :completion_tokens, usage = :usage, reply_hash = :reply_hash,"
+    " token_prefix = :token_prefix, completed_at = :now"
+    " WHERE call_id = :call_id AND status = 'admitted'"
+)
+_CALL_TOKENS = "SELECT prompt_token_ids, completion_token_ids FROM calls WHERE call_id = :call_id"
+_FINISH_CALL = (
+    "UPDATE calls SET status = :status, error = :error, completed_at = :now"
+    " WHERE call_id = :call_id AND episode_id = :episode_id AND status = 'admitted'"
+)
+_FINISH_CALL_WITH_PROMPT = (
+    "UPDATE calls SET status = :status, error = :error, completed_at = :now,"
+    " prompt_token_ids = :prompt, prompt_tokens = :prompt_tokens"
+    " WHERE call_id = :call_id AND episode_id = :episode_id AND status = 'admitted'"
+)
+_CHAT_CALLS_SINCE = (
+    "SELECT call_id, completed_seq, role, continuation, reply_hash FROM calls"
+    " WHERE episode_id = :episode_id AND status = 'completed' AND endpoint = 'chat'"
+    " AND {agent} AND completed_seq > :since ORDER BY completed_seq"
+)
+
+
+class Db(Protocol):
+    """What an operation needs of the open transaction."""
+
+    def rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
+
+    def run(self, sql: str, params: dict[str, Any]) -> int: ...
+
+    def now(self) -> Any:
+        """The timestamp to store in a DateTime column."""
+        ...
+
+    def clock(self) -> float:
+        """Seconds since the epoch by the store's clock (PostgreSQL: the server's)."""
+        ...
+
+    def json(self, value: Any) -> Any: ...
+
+    def loads(self, value: Any) -> Any: ...
+
+
+class Refused(Exception):
+    """An operation changes nothing; its savepoint is rolled back and this is its result."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+def next_seq(db: Db, episode_id: str, *, need_open: bool) -> int | None:
+    rows = db.rows(_NEXT_SEQ_OPEN if need_open else _NEXT_SEQ, {"episode_id": episode_id})
+    return int(rows[0][0]) if rows else None
+
+
+def admit(
+    db: Db,
+    episode_id: str,
+    admission: Admission,
+    call_ids: Sequence[str],
+    instance_id: str | None,
+) -> list[str]:
+    """Admit a request's calls (one per choice), owned by the proxy instance ``instance_id``."""
+    continuation = (
+        None if admission.continuation is None else db.json(admission.continuation.to_dict())
+    )
+    now = db.now()
+    for index, call_id in enumerate(call_ids):
+        seq = next_seq(db, episode_id, need_open=True)
+        if seq is None:
+            status = db.rows(_EPISODE_STATUS, {"episode_id": episode_id})
+            if not status:
+                raise NotFound(f"episode {episode_id!r} not found", param="episode_id")
+            raise Conflict(
+                f"episode {episode_id!r} is {status[0][0]}; it admits no calls",
+                code="episode_not_open",
+            )
+        db.run(
+            _INSERT_CALL,
+            {
+                "call_id": call_id,
+                "episode_id": episode_id,
+                "request_id": call_ids[0] if len(call_ids) == 1 else call_id.rsplit("-", 1)[0],
+                "choice_index": index,
+                "endpoint": admission.endpoint,
+                "stream": admission.stream,
+                "agent_id": admission.agent_id,
+                "parent_agent_id": admission.parent_agent_id,
+                "role": admission.role,
+                "admitted_seq": seq,
+                "model": admission.model,
+                "empty": b"",
+                "continuation": continuation,
+                "instance_id": instance_id,
+                "now": now,
+                "weight_version": admission.weight_version,
+                "constraint_kind": admission.constraint,
+            },
+        )
+    return list(call_ids)
+
+
+def complete(
+    db: Db,
+    episode_id: str,
+    call_ids: Sequence[str],
+    generations: Sequence[Generation],
+    base_call_id: str | None,
+) -> list[int]:
+    base = None
+    if base_call_id is not None:
+        found = db.rows(_CALL_TOKENS, {"call_id": base_call_id})
+        base = bytes(found[0][0] or b"") + bytes(found[0][1] or b"") if found else None
+    now = db.now()
+    seqs = []
+    for call_id, gen in zip(call_ids, generations, strict=True):
+        seq = next_seq(db, episode_id, need_open=False)
+        prompt = pack_ids(gen.prompt_token_ids)
+        moved = db.run(
+            _COMPLETE_CALL,
+            {
+                "call_id": call_id,
+                "seq": seq,
+                "finish_reason": gen.finish_reason,
+                "prompt": prompt,
+                "completion": pack_ids(gen.completion_token_ids),
+                "logprobs": pack_logprobs(gen.completion_logprobs),
+                "prompt_tokens": len(gen.prompt_token_ids),
+                "completion_tokens": len(gen.completion_token_ids),
+                "usage": None if gen.usage is None else db.json(gen.usage),
+                "reply_hash": gen.reply_hash,
+                "token_prefix": None if base is None else prompt.startswith(base),
+                "now": now,
+            },
+        )
+        if moved != 1:  # cancelled by a close meanwhile: record nothing of this request
+            raise Refused(None)
+        assert seq is not None
+        seqs.append(seq)
+    return seqs
+
+
+def finish(
+    db: Db,
+    episode_id: str,
+    call_ids: Sequence[str],
+    status: FailedStatus,
+    error: str,
+    prompt_token_ids: Sequence[int] | None,
+) -> int:
+    params: dict[str, Any] = {
+        "episode_id": episode_id,
+        "status": status,
+        "error": error[:4000],
+        "now": db.now(),
+    }
+    sql = _FINISH_CALL
+    if prompt_token_ids:
+        sql = _FINISH_CALL_WITH_PROMPT
+        params |= {"prompt": pack_ids(prompt_token_ids), "prompt_tokens": len(prompt_token_ids)}
+    return sum(db.run(sql, {**params, "call_id": call_id}) for call_id in call_ids)
+
+
+def call_tokens(db: Db, call_id: str) -> tuple[bytes, bytes]:
+    found = db.rows(_CALL_TOKENS, {"call_id": call_id})
+    if not found:
+        raise NotFound(f"call {call_id!r} not found", param="call_id")
+    return bytes(found[0][0] or b""), bytes(found[0][1] or b"")
+
+
+def chat_calls_since(
+    db: Db, episode_id: str, agent_id: str | None, since: int
+) -> list[tuple[str, int, str, Any, str | None]]:
+    agent = "agent_id IS NULL" if agent_id is None else "agent_id = :agent_id"
+    rows = db.rows(
+        _CHAT_CALLS_SINCE.format(agent=agent),
+        {"episode_id": episode_id, "agent_id": agent_id, "since": since},
+    )
+    return [(r[0], int(r[1]), r[2], db.loads(r[3]), r[4]) for r in rows]
