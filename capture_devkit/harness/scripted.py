@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from capture_contracts.vocabulary import Role
 from capture_devkit.harness.client import AgentClient, tool_call_text
 from capture_devkit.harness.trace import CallTrace, EpisodeTrace, Mode
 
@@ -119,6 +120,7 @@ class _Run:
         labelled: bool,
         admin_key: str | None = None,
         free_max_tokens: int | None = None,
+        worker_role: Role | None = None,
     ) -> None:
         self.base_url = base_url
         self.model = model
@@ -126,6 +128,7 @@ class _Run:
         self.labelled = labelled
         self.admin_key = admin_key
         self.free_max_tokens = free_max_tokens
+        self.worker_role = worker_role  # overrides the workers' roles (parent-only training)
         self.agents: list[AgentClient] = []
 
     async def wait_admitted(self, count: int, timeout_s: float = 120.0) -> None:
@@ -174,6 +177,7 @@ class _Run:
         shelf: int,
         *,
         stream: bool = False,
+        role: Role = "policy",
     ) -> list[dict[str, Any]]:
         """A forced `look` tool call, then the history continued with its tool result."""
         forced = tool_call_text([("look", {"basket": basket, "shelf": shelf})])
@@ -184,6 +188,7 @@ class _Run:
             tools=[LOOK_TOOL],
             forced=forced,
             stream=stream,
+            role=role,
         )
         result = {
             "role": "tool",
@@ -218,14 +223,20 @@ async def _worker(
                 seed=step_seed(run.seed, step),
                 tools=[LOOK_TOOL],  # kept, as harnesses do for prompt-cache reuse: it extends
                 tool_choice="none",  # the worker's exact tokens, but may not call a tool
-                role="compaction",
+                role=run.worker_role or "compaction",
                 stream=script.stream,
             )
             fresh = f"{script.prompt}\n\nSummary of the work so far: {summary.content or ''}"
             messages = [opening[0], {"role": "user", "content": fresh}]
         step = f"{script.name}.turn{turn}"
         messages = await run.look_turn(
-            client, step, messages, script.basket, turn, stream=script.stream
+            client,
+            step,
+            messages,
+            script.basket,
+            turn,
+            stream=script.stream,
+            role=run.worker_role or "policy",
         )
     if answer_after is not None:
         await answer_after.wait()
@@ -236,6 +247,7 @@ async def _worker(
         seed=step_seed(run.seed, step),
         tools=[LOOK_TOOL],
         stream=script.stream,
+        role=run.worker_role or "policy",
     )
     if done is not None:
         done.set()
@@ -294,13 +306,16 @@ async def run_episode(
     script: EpisodeScript = DEFAULT_SCRIPT,
     admin_key: str | None = None,
     free_max_tokens: int | None = None,
+    worker_role: Role | None = None,
 ) -> EpisodeTrace:
     """Run the controlled episode against an open episode's ``base_url`` (…/episodes/{id}/v1).
 
     ``admin_key`` is the proxy's, if it has one (the schedule reads the episode's admissions);
-    ``free_max_tokens`` bounds the free-text answers (default ``client.FREE_MAX_TOKENS``).
+    ``free_max_tokens`` bounds the free-text answers (default ``client.FREE_MAX_TOKENS``);
+    ``worker_role`` sends every worker call with that role (``auxiliary``: the workers' calls
+    are conditioning only, for parent-only training).
     """
-    run = _Run(base_url, model, seed, labelled, admin_key, free_max_tokens)
+    run = _Run(base_url, model, seed, labelled, admin_key, free_max_tokens, worker_role)
     try:
         if mode == "workers":
             await _parent_with_workers(run, script)
