@@ -90,6 +90,7 @@ class StepStats:
     row_tokens: int = 0  # real tokens of the rows (all ranks)
     computed_tokens: int = 0  # tokens the forward passes processed (all ranks, pads included)
     step_seconds: float = 0.0  # forward + backward + optimizer step (slowest rank)
+    constrained_tokens: int = 0  # owned but grammar-constrained: kept out of the loss (batch.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -269,6 +270,7 @@ class Learner:
             row_tokens=batch.row_tokens,
             computed_tokens=acc.computed_tokens,
             step_seconds=step_seconds,
+            constrained_tokens=batch.constrained_tokens,
         )
 
     def save(self, out_dir: str | Path) -> Path:

@@ -84,7 +84,6 @@ class LocalPolicy:
             batch, staleness = prepare_batch(rows, self.config, self.version)
             stats = self.learner.step(batch).as_dict()
             stats["staleness"] = staleness.as_dict()
-            stats["constrained_tokens"] = batch.constrained_tokens
             steps.append(stats)
             self.version += 1
         return IterationStats(steps, self.version)
