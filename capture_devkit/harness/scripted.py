@@ -140,10 +140,13 @@ class _Run:
         deadline = loop.time() + timeout_s
         async with httpx.AsyncClient(base_url=proxy_url, headers=headers, timeout=30) as client:
             while True:
-                response = await client.get(f"/episodes/{episode_id}")
-                response.raise_for_status()
-                if int(response.json()["calls"]["admitted"]) >= count:
-                    return
+                try:
+                    response = await client.get(f"/episodes/{episode_id}")
+                    response.raise_for_status()
+                    if int(response.json()["calls"]["admitted"]) >= count:
+                        return
+                except httpx.TransportError:  # a kept-alive connection closed under us: again
+                    pass
                 if loop.time() > deadline:
                     raise RuntimeError(f"{count} admitted calls not seen in {timeout_s:.0f} s")
                 await asyncio.sleep(0.01)

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -228,7 +229,18 @@ def _iterate(
             live.update(progress_table(records, config.iterations))
 
 
+def _stop_on_sigterm() -> None:
+    """``kill PID`` stops the run like Ctrl-C: vLLM's process group and the proxy are stopped
+    (SIGKILL cannot be caught: vLLM, in its own process group, would outlive the run)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str]) -> int:
+    _stop_on_sigterm()
     try:
         config = from_args(argv)
     except ConfigError as exc:

