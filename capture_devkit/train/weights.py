@@ -69,7 +69,7 @@ class ReloadFromDisk:
         paused = self.proxy.post("/weights/pause", json={"timeout_s": 600})
         if paused.status_code != 200:
             raise DeliveryError(f"proxy /weights/pause: {paused.status_code} {paused.text[:300]}")
-        resumed_on = None
+        resume_on = int(paused.json()["weight_version"])  # on failure: the old version
         try:
             source.save(target)
             self._engine(
@@ -78,13 +78,10 @@ class ReloadFromDisk:
             )
             self._engine("/reset_prefix_cache")
             self._engine("/update_weight_version", {"new_version": str(version)})
-            resumed_on = version
-        finally:  # on failure the gate reopens on the old version (calls are never left held)
-            body = {"weight_version": resumed_on} if resumed_on is not None else None
-            if resumed_on is None:
-                current = self.proxy.get("/weights").json()["weight_version"]
-                body = {"weight_version": current}
-            self.proxy.post("/weights/resume", json=body).raise_for_status()
+            resume_on = version
+        finally:  # calls are never left held (a failed run resumes from its last state anyway)
+            resumed = self.proxy.post("/weights/resume", json={"weight_version": resume_on})
+            resumed.raise_for_status()
         self._prune(keep=target)
         return Delivery(version, target, time.perf_counter() - started)
 
