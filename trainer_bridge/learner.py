@@ -31,6 +31,8 @@ from trainer_bridge.errors import TrainerError
 from trainer_bridge.loss import LossConfig, policy_loss
 from trainer_bridge.packing import Packed, get_packing, padded_logprobs
 
+#: The optimizer's state next to saved weights (``Learner.save(..., optimizer=True)``).
+OPTIMIZER_FILE = "optimizer.pt"
 # Files besides weights and config.json that a serving engine needs from the model directory.
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
     "tokenizer*",
@@ -273,16 +275,27 @@ class Learner:
             constrained_tokens=batch.constrained_tokens,
         )
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write weights (safetensors) + config, and copy the tokenizer files of the source dir."""
+    def save(self, out_dir: str | Path, *, optimizer: bool = False) -> Path:
+        """Write weights (safetensors) + config, and copy the tokenizer files of the source dir;
+        with ``optimizer``, the optimizer's state too (``OPTIMIZER_FILE``: a run resumes there)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(out))  # type: ignore[operator]
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
         for src in self._tokenizer_files():
             dst = out / src.name
             if not dst.exists():
                 shutil.copy2(src, dst)
         return out
+
+    def load_optimizer(self, model_dir: str | Path) -> bool:
+        """Restore the optimizer state saved next to the weights, if any; True when found."""
+        path = Path(model_dir) / OPTIMIZER_FILE
+        if not path.is_file():
+            return False
+        self.optimizer.load_state_dict(torch.load(path, weights_only=True))
+        return True
 
     def _tokenizer_files(self) -> Iterator[Path]:
         if self.source_dir is None:

@@ -26,7 +26,6 @@ from capture_contracts.rows import Row
 from trainer_bridge.errors import TrainerError
 from trainer_bridge.learner import LearnerConfig, StepStats
 
-OPTIMIZER_FILE = "optimizer.pt"
 COMMAND_TIMEOUT_S = 1800.0
 
 
@@ -137,9 +136,7 @@ def _session_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     learner = Learner.from_dir(config["model_dir"], session.learner)
     learner.source_dir = Path(config["tokenizer_dir"])
-    state = Path(config["model_dir"]) / OPTIMIZER_FILE
-    if state.is_file():
-        learner.optimizer.load_state_dict(torch.load(state, weights_only=True))
+    learner.load_optimizer(config["model_dir"])
     learner.module = ray.train.torch.prepare_model(learner.model, parallel_strategy="ddp")
     commands = config["commands"][rank]
     results = config["results"]
@@ -156,8 +153,7 @@ def _session_loop(config: dict[str, Any]) -> None:
             elif op == "save":
                 reply = {}
                 if rank == 0:
-                    out = learner.save(command["out"])
-                    torch.save(learner.optimizer.state_dict(), out / OPTIMIZER_FILE)
+                    learner.save(command["out"], optimizer=True)
             else:
                 raise TrainerError(f"unknown session command {op!r}")
         except Exception as exc:  # reported to the driver, which stops the session

@@ -17,8 +17,6 @@ from typing import Any, Protocol
 from capture_contracts.rows import Row
 from capture_devkit.train.config import TrainConfig
 
-OPTIMIZER_FILE = "optimizer.pt"
-
 
 @dataclass(frozen=True, slots=True)
 class IterationStats:
@@ -74,9 +72,7 @@ class LocalPolicy:
         self.version = version
         self.learner = Learner.from_dir(weights, learner_config(config))
         self.learner.source_dir = tokenizer_dir  # tokenizer files for every saved version
-        state = weights / OPTIMIZER_FILE
-        if state.is_file():
-            self.learner.optimizer.load_state_dict(torch.load(state, weights_only=True))
+        self.learner.load_optimizer(weights)
 
     def train(self, rows: Sequence[Row]) -> IterationStats:
         steps = []
@@ -89,11 +85,7 @@ class LocalPolicy:
         return IterationStats(steps, self.version)
 
     def save(self, out_dir: str | Path) -> Path:
-        import torch
-
-        out = self.learner.save(out_dir)
-        torch.save(self.learner.optimizer.state_dict(), out / OPTIMIZER_FILE)
-        return out
+        return Path(self.learner.save(out_dir, optimizer=True))
 
     def close(self) -> None:
         pass
