@@ -46,7 +46,7 @@ def main() -> None:
     for run in args.runs:
         print(row(run))
         config = json.loads((run / "state.json").read_text())["config"]
-        curves[f"{config['training']} seed {config['seed']}"] = [
+        curves[f"{config['training']}, seed={config['seed']}"] = [
             r["reward_mean"] for r in read_records(run)
         ]
     if args.png is not None:

@@ -107,7 +107,7 @@ def plot_curves(
             draw.line(points, fill=colour, width=2)
         for x, y in points:
             draw.ellipse((x - 2, y - 2, x + 2, y + 2), fill=colour)
-        draw.text((left + 8, top + 6 + 14 * n), f"— {label}", fill=colour)
+        draw.text((left + 8, top + 6 + 14 * n), f"-- {label}", fill=colour)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)
     return path
