@@ -21,10 +21,12 @@ import numpy.typing as npt
 from capture_contracts.errors import InvalidBundle
 from capture_contracts.vocabulary import (
     CALL_STATUSES,
+    CONSTRAINTS,
     CONTINUATION_MODES,
     MARKS,
     ROLES,
     CallStatus,
+    Constraint,
     ContinuationMode,
     Mark,
     Role,
@@ -84,7 +86,14 @@ class ContinuationRecord:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CallRecord:
-    """One admitted model call of an episode (one choice of an ``n > 1`` request)."""
+    """One admitted model call of an episode (one choice of an ``n > 1`` request).
+
+    ``weight_version`` is the policy version that served the call (the proxy's record of the
+    engine's weights at admission; None in bundles from before versions were recorded).
+    ``constraint`` names the grammar that constrained the call's decoding, if any: the engine
+    masked its logits at *every* step of such a call, so every completion token is constrained
+    and its logprob is one of the masked distribution, not of the policy (:attr:`constrained`).
+    """
 
     call_id: str
     agent_id: str | None
@@ -100,6 +109,13 @@ class CallRecord:
     completion_logprobs: FloatArray
     continuation: ContinuationRecord | None = None  # absent from bundles without stitching
     error: str | None = None  # why a call failed or was cancelled (informative)
+    weight_version: int | None = None
+    constraint: Constraint | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """True when every completion token was sampled under a grammar's mask."""
+        return self.constraint is not None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -118,6 +134,10 @@ class CallRecord:
         }
         if self.error is not None:
             out["error"] = self.error
+        if self.weight_version is not None:
+            out["weight_version"] = self.weight_version
+        if self.constraint is not None:
+            out["constraint"] = self.constraint
         if self.continuation is not None:
             out["continuation"] = self.continuation.to_dict()
         return out
@@ -263,6 +283,8 @@ def parse_call(data: Any, index: int) -> CallRecord:
         ),
         continuation=parse_continuation(data.get("continuation"), where),
         error=data.get("error") if isinstance(data.get("error"), str) else None,
+        weight_version=_int(data.get("weight_version"), "weight_version", where, nullable=True),
+        constraint=_choice(data.get("constraint"), "constraint", where, CONSTRAINTS, True),
     )
     check_call(call, where)
     return call

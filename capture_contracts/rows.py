@@ -38,15 +38,32 @@ ROW_COLUMNS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One generation inside a row: ``input_ids[start:end]`` is the call's completion."""
+    """One generation inside a row: ``input_ids[start:end]`` is the call's completion.
+
+    ``weight_version`` is the policy version that sampled it (the call's); ``constrained`` says
+    that all its tokens were decoded under a grammar's mask (``CallRecord.constrained``): their
+    behaviour logprobs are of the masked distribution, so a learner keeps them out of the ratio.
+    """
 
     call_id: str
     start: int
     end: int
     owned: bool
+    weight_version: int | None = None
+    constrained: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"call_id": self.call_id, "start": self.start, "end": self.end, "owned": self.owned}
+        out: dict[str, Any] = {
+            "call_id": self.call_id,
+            "start": self.start,
+            "end": self.end,
+            "owned": self.owned,
+        }
+        if self.weight_version is not None:  # absent keys read back as the defaults
+            out["weight_version"] = self.weight_version
+        if self.constrained:
+            out["constrained"] = True
+        return out
 
 
 def _frozen(values: Any, dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -110,6 +127,18 @@ class Row:
     def owned_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    def position_masks(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``[T]`` 0/1 constrained positions and ``[T]`` weight versions (-1: unknown/none)."""
+        n = len(self.input_ids)
+        constrained = np.zeros(n, dtype=np.int64)
+        versions = np.full(n, -1, dtype=np.int64)
+        for span in self.spans:
+            if span.constrained:
+                constrained[span.start : span.end] = 1
+            if span.weight_version is not None:
+                versions[span.start : span.end] = span.weight_version
+        return constrained, versions
+
     @property
     def endpoint_call_id(self) -> str:
         """The call whose prompt + completion this row is (its deepest span)."""
@@ -129,6 +158,10 @@ class Row:
         }
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def parse_row(record: Mapping[str, Any]) -> Row:
     """One decoded row record → :class:`Row`; missing or null required fields are errors."""
     row_id = record.get("row_id")
@@ -146,6 +179,8 @@ def parse_row(record: Mapping[str, Any]) -> Row:
                 start=int(s["start"]),
                 end=int(s["end"]),
                 owned=bool(s["owned"]),
+                weight_version=_optional_int(s.get("weight_version")),
+                constrained=bool(s.get("constrained") or False),
             )
             for s in (record.get("spans") or ())
         )
@@ -175,6 +210,8 @@ def rows_schema() -> pa.Schema:
             ("start", pa.int32()),
             ("end", pa.int32()),
             ("owned", pa.bool_()),
+            ("weight_version", pa.int64()),
+            ("constrained", pa.bool_()),
         ]
     )
     return pa.schema(

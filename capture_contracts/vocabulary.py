@@ -39,7 +39,15 @@ FallbackReason = Literal[
     "passthrough_mode",  # an extension, but the proxy runs with continuation=passthrough
 ]
 
+#: How a call's tokens were grammar-constrained (the request field that made the engine mask its
+#: logits at every decoding step): ``structured_outputs``' kinds, ``response_format`` json
+#: (``json_object`` / ``json_schema``), or a ``tool_choice`` that forces a tool call.
+Constraint = Literal[
+    "regex", "json", "choice", "grammar", "structural_tag", "json_object", "tool_choice"
+]
+
 ROLES: Final[frozenset[str]] = frozenset(get_args(Role))
+CONSTRAINTS: Final[frozenset[str]] = frozenset(get_args(Constraint))
 CALL_STATUSES: Final[frozenset[str]] = frozenset(get_args(CallStatus))
 EPISODE_STATUSES: Final[frozenset[str]] = frozenset(get_args(EpisodeStatus))
 MARKS: Final[frozenset[str]] = frozenset(get_args(Mark))

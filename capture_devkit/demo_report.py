@@ -58,7 +58,8 @@ def episode_figures(
     trained: Counter[str] = Counter()
     for row in rows:
         for span in row["spans"]:
-            if span["owned"]:
+            # Grammar-forced spans are owned but not trained (trainer_bridge/batch.py).
+            if span["owned"] and not span.get("constrained"):
                 trained[agents[span["call_id"]]] += int(span["end"]) - int(span["start"])
     continued: Counter[str] = Counter()
     fresh: Counter[str] = Counter()

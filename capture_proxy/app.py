@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capture_contracts.errors import CaptureError
 from capture_proxy import __version__
-from capture_proxy.api import anthropic, episodes, openai, responses, viewer
+from capture_proxy.api import anthropic, episodes, openai, responses, viewer, weights
 from capture_proxy.api.body_limit import BodyLimit
 from capture_proxy.api.capture_router import CaptureRouter
 from capture_proxy.api.error_response import error_response
@@ -126,6 +126,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.include_router(episodes.router)
+    app.include_router(weights.router)  # the served policy version (capture_proxy/weights.py)
     app.include_router(openai.router)
     app.include_router(anthropic.router)  # Messages → chat (capture_proxy.api.edge)
     app.include_router(responses.router)  # Responses → chat (capture_proxy.api.edge)

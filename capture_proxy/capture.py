@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture_contracts.vocabulary import Endpoint
+from capture_contracts.vocabulary import Constraint, Endpoint
 from capture_proxy.errors import BadRequest, UpstreamError
 from capture_proxy.settings import MAX_N_CEILING, UpstreamSettings
 from capture_proxy.store.records import Generation
@@ -70,6 +70,55 @@ def prepare_upstream_body(
     if settings.served_model is not None:
         upstream["model"] = settings.served_model
     return upstream, wants
+
+
+#: ``structured_outputs`` keys (and vLLM's older ``guided_*`` fields) → the constraint they impose.
+_STRUCTURED: dict[str, Constraint] = {
+    "regex": "regex",
+    "json": "json",
+    "choice": "choice",
+    "grammar": "grammar",
+    "structural_tag": "structural_tag",
+    "json_object": "json_object",
+}
+_GUIDED: dict[str, Constraint] = {
+    "guided_regex": "regex",
+    "guided_json": "json",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def request_constraint(body: dict[str, Any]) -> Constraint | None:
+    """The grammar the engine will decode this request under, if any.
+
+    vLLM applies a grammar's token bitmask to the logits at every decoding step of such a
+    request and reports the logprobs of the masked distribution, so all of its completion tokens
+    are constrained: structured outputs (``structured_outputs``, ``guided_*``), a JSON
+    ``response_format``, or a ``tool_choice`` that forces a tool call (``"required"`` or a named
+    function; vLLM enforces it with a JSON-schema grammar).
+    """
+    structured = body.get("structured_outputs")
+    if isinstance(structured, dict):
+        for key, kind in _STRUCTURED.items():
+            if structured.get(key) not in (None, False):
+                return kind
+    for key, kind in _GUIDED.items():
+        if body.get(key) is not None:
+            return kind
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict):
+        kind_name = response_format.get("type")
+        if kind_name == "json_schema":
+            return "json"
+        if kind_name == "json_object":
+            return "json_object"
+        if kind_name == "structural_tag":
+            return "structural_tag"
+    tool_choice = body.get("tool_choice")
+    if body.get("tools") and (tool_choice == "required" or isinstance(tool_choice, dict)):
+        return "tool_choice"
+    return None
 
 
 # -- extraction -----------------------------------------------------------------------------

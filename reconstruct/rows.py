@@ -58,7 +58,9 @@ def build_rows(
                 owned.add(node)
                 loss_mask[start:end] = 1
                 behavior_logprobs[start:end] = call.completion_logprobs
-            spans.append(Span(call.call_id, start, end, owns))
+            spans.append(
+                Span(call.call_id, start, end, owns, call.weight_version, call.constrained)
+            )
         if not loss_mask.any():
             continue
         loss_mask.flags.writeable = False

@@ -7,6 +7,13 @@ first appearance in that sorted order (``episode_index``, ``group_index``).
 Padding is on the right with ``pad_id``: under causal attention a real position never attends to
 a later pad, so padding changes no real position's logits. Padded positions have
 ``attention_mask == 0``, ``loss_mask == 0`` and ``behavior_logprobs == 0``.
+
+Grammar-constrained tokens (a span with ``constrained``: the engine sampled them from the logits
+masked by a grammar, and their behaviour logprobs are of that masked distribution) are not
+actions of the policy: with ``constrained="exclude"`` (the default) they are owned by their row
+but kept out of ``loss_mask``, so they enter neither the ratio, the loss, nor the token count;
+``"include"`` trains them like sampled tokens (their ratio is then off-policy by the mask).
+``versions`` holds each position's sampling policy version (-1 where unknown or unowned).
 """
 
 from __future__ import annotations
@@ -15,11 +22,14 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from capture_contracts.rows import Row
 from trainer_bridge.errors import TrainerError
+
+ConstrainedTokens = Literal["exclude", "include"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class TrainBatch:
     episode_ids: tuple[str, ...]
     group_ids: tuple[str, ...]
     advantages: torch.Tensor | None = None  # [B, T] float32, 0 off owned tokens
+    versions: torch.Tensor | None = None  # [B, T] int64 sampling policy version, -1 unknown
+    constrained_tokens: int = 0  # owned tokens kept out of loss_mask (grammar-constrained)
 
     @property
     def num_rows(self) -> int:
@@ -70,6 +82,7 @@ class TrainBatch:
             raise TrainerError("cannot select an empty sub-batch")
         length = int(self.attention_mask[idx].sum(dim=1).max().item())
         advantages = None if self.advantages is None else self.advantages[idx, :length]
+        versions = None if self.versions is None else self.versions[idx, :length]
         return dataclasses.replace(
             self,
             input_ids=self.input_ids[idx, :length],
@@ -81,6 +94,7 @@ class TrainBatch:
             group_index=self.group_index[idx],
             row_ids=tuple(self.row_ids[i] for i in idx.tolist()),
             advantages=advantages,
+            versions=versions,
         )
 
     def micro_batches(self, size: int | None) -> list[TrainBatch]:
@@ -102,8 +116,12 @@ def _reward(row: Row) -> float:
     return row.reward
 
 
-def collate(rows: Sequence[Row], *, pad_id: int = 0) -> TrainBatch:
+def collate(
+    rows: Sequence[Row], *, pad_id: int = 0, constrained: ConstrainedTokens = "exclude"
+) -> TrainBatch:
     """Sort rows by ``row_id`` and pad them into a ``TrainBatch`` (no advantages yet)."""
+    if constrained not in ("exclude", "include"):
+        raise TrainerError(f"constrained must be exclude or include, got {constrained!r}")
     if not rows:
         raise TrainerError("no rows to batch", param="rows")
     ordered = sorted(rows, key=lambda r: r.row_id)
@@ -120,13 +138,21 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0) -> TrainBatch:
     attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)  # [B, T]
     loss_mask = torch.zeros((num_rows, max_len), dtype=torch.float32)  # [B, T]
     behavior_logprobs = torch.zeros((num_rows, max_len), dtype=torch.float32)  # [B, T]
+    versions = torch.full((num_rows, max_len), -1, dtype=torch.long)  # [B, T]
+    excluded = 0
     episode_index = torch.empty(num_rows, dtype=torch.long)  # [B]
     group_index = torch.empty(num_rows, dtype=torch.long)  # [B]
     for b, row in enumerate(ordered):
         n = len(row.input_ids)
         input_ids[b, :n] = torch.tensor(row.input_ids, dtype=torch.long)
         attention_mask[b, :n] = 1
-        mask = torch.tensor(row.loss_mask, dtype=torch.float32)
+        mask = torch.tensor(row.loss_mask, dtype=torch.float32)  # [n]
+        row_constrained, row_versions = row.position_masks()
+        if constrained == "exclude" and row_constrained.any():
+            forced = torch.from_numpy(row_constrained).to(torch.float32) * mask  # [n]
+            excluded += int(forced.sum().item())
+            mask = mask - forced
+        versions[b, :n] = torch.from_numpy(row_versions) * mask.long() - (1 - mask.long())
         loss_mask[b, :n] = mask
         # Only owned positions carry a behaviour logprob; anything else is forced to 0.
         behavior_logprobs[b, :n] = torch.tensor(row.behavior_logprobs, dtype=torch.float32) * mask
@@ -144,4 +170,6 @@ def collate(rows: Sequence[Row], *, pad_id: int = 0) -> TrainBatch:
         row_ids=tuple(r.row_id for r in ordered),
         episode_ids=tuple(episode_ids),
         group_ids=tuple(group_ids),
+        versions=versions,
+        constrained_tokens=excluded,
     )

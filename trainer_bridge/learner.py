@@ -31,6 +31,8 @@ from trainer_bridge.errors import TrainerError
 from trainer_bridge.loss import LossConfig, policy_loss
 from trainer_bridge.packing import Packed, get_packing, padded_logprobs
 
+#: The optimizer's state next to saved weights (``Learner.save(..., optimizer=True)``).
+OPTIMIZER_FILE = "optimizer.pt"
 # Files besides weights and config.json that a serving engine needs from the model directory.
 TOKENIZER_FILE_PATTERNS: tuple[str, ...] = (
     "tokenizer*",
@@ -90,6 +92,7 @@ class StepStats:
     row_tokens: int = 0  # real tokens of the rows (all ranks)
     computed_tokens: int = 0  # tokens the forward passes processed (all ranks, pads included)
     step_seconds: float = 0.0  # forward + backward + optimizer step (slowest rank)
+    constrained_tokens: int = 0  # owned but grammar-constrained: kept out of the loss (batch.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -269,18 +272,30 @@ class Learner:
             row_tokens=batch.row_tokens,
             computed_tokens=acc.computed_tokens,
             step_seconds=step_seconds,
+            constrained_tokens=batch.constrained_tokens,
         )
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write weights (safetensors) + config, and copy the tokenizer files of the source dir."""
+    def save(self, out_dir: str | Path, *, optimizer: bool = False) -> Path:
+        """Write weights (safetensors) + config, and copy the tokenizer files of the source dir;
+        with ``optimizer``, the optimizer's state too (``OPTIMIZER_FILE``: a run resumes there)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(out))  # type: ignore[operator]
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
         for src in self._tokenizer_files():
             dst = out / src.name
             if not dst.exists():
                 shutil.copy2(src, dst)
         return out
+
+    def load_optimizer(self, model_dir: str | Path) -> bool:
+        """Restore the optimizer state saved next to the weights, if any; True when found."""
+        path = Path(model_dir) / OPTIMIZER_FILE
+        if not path.is_file():
+            return False
+        self.optimizer.load_state_dict(torch.load(path, weights_only=True))
+        return True
 
     def _tokenizer_files(self) -> Iterator[Path]:
         if self.source_dir is None:

@@ -156,8 +156,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         raise TrainerError("the rows own no tokens: nothing to train", param="loss_mask")
 
     started = time.perf_counter()
-    # loss, clip, kl, ratio, micro-batches, row tokens, computed tokens
-    sums = torch.zeros(7, dtype=torch.float64)
+    # loss, clip, kl, ratio, micro-batches, row tokens, computed tokens, constrained tokens
+    sums = torch.zeros(8, dtype=torch.float64)
     if batch is not None:
         acc = learner.accumulate(batch, num_tokens=num_tokens, loss_scale=float(world_size))
         sums = torch.tensor(
@@ -169,6 +169,7 @@ def _train_loop(config: dict[str, Any]) -> None:
                 acc.micro_batches,
                 batch.row_tokens,
                 acc.computed_tokens,
+                batch.constrained_tokens,
             ],
             dtype=torch.float64,
         )
@@ -198,6 +199,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         row_tokens=int(sums[5]),
         computed_tokens=int(sums[6]),
         step_seconds=float(seconds[0]),
+        constrained_tokens=int(sums[7]),
     )
     if rank != 0:
         ray.train.report(stats.as_dict())

@@ -51,6 +51,7 @@ class AgentClient:
         parent_agent_id: str | None = None,
         api_key: str = "capture-harness",
         timeout_s: float = 300.0,
+        free_max_tokens: int | None = None,
     ) -> None:
         headers: dict[str, str] = {}
         if agent_id is not None:
@@ -68,6 +69,7 @@ class AgentClient:
             max_retries=0,
             timeout=timeout_s,
         )
+        self.free_max_tokens = free_max_tokens or FREE_MAX_TOKENS
         self.traces: list[CallTrace] = []
 
     async def close(self) -> None:
@@ -92,7 +94,7 @@ class AgentClient:
             body["max_tokens"] = forced_max_tokens(forced)
             body["structured_outputs"] = {"regex": re.escape(forced)}
         else:
-            body["max_tokens"] = FREE_MAX_TOKENS
+            body["max_tokens"] = self.free_max_tokens
             body["min_tokens"] = FREE_MIN_TOKENS
         if stream:
             body["stream"] = True

@@ -7,8 +7,15 @@ Workers mode::
     │            compaction; same tools, tool_choice "none": it continues worker-a's history),
     │            turn2 in a fresh context that starts from the summary,
     │            answer — only after worker-b has answered
-    └─ worker-b  (starts once worker-a's first call is in flight; streamed) turn0, turn1, answer
+    └─ worker-b  (starts once the proxy has admitted worker-a's first call; streamed) turn0,
+                 turn1, answer
     parent.final      history + both answers pasted as tool results (in delegation order)
+
+The schedule is fixed by the proxy's own order, not by timing: worker-b's first request is sent
+only once ``GET /episodes/{id}`` counts worker-a's first call as admitted, and worker-a's answer
+only once worker-b's answer has been received (the proxy commits a completion before the harness
+gets its last byte). So worker-a is admitted first and worker-b finishes first, however loaded
+the machine is.
 
 Parent-only mode (the single-agent baseline) does the same counting itself: ``parent.look0`` …,
 then ``parent.final``. ``labelled=False`` sends no agent headers at all.
@@ -29,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from capture_contracts.vocabulary import Role
 from capture_devkit.harness.client import AgentClient, tool_call_text
 from capture_devkit.harness.trace import CallTrace, EpisodeTrace, Mode
 
@@ -104,12 +112,44 @@ def _look_result(seed: int, basket: str, shelf: int) -> str:
 class _Run:
     """One episode in progress: the agents' clients and their traces."""
 
-    def __init__(self, base_url: str, model: str, seed: int, labelled: bool) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        seed: int,
+        labelled: bool,
+        admin_key: str | None = None,
+        free_max_tokens: int | None = None,
+        worker_role: Role | None = None,
+    ) -> None:
         self.base_url = base_url
         self.model = model
         self.seed = seed
         self.labelled = labelled
+        self.admin_key = admin_key
+        self.free_max_tokens = free_max_tokens
+        self.worker_role = worker_role  # overrides the workers' roles (parent-only training)
         self.agents: list[AgentClient] = []
+
+    async def wait_admitted(self, count: int, timeout_s: float = 120.0) -> None:
+        """Block until the proxy has admitted ``count`` calls of this episode (its REST API)."""
+        proxy_url, _, rest = self.base_url.rstrip("/").rpartition("/episodes/")
+        episode_id = rest.split("/", 1)[0]
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with httpx.AsyncClient(base_url=proxy_url, headers=headers, timeout=30) as client:
+            while True:
+                try:
+                    response = await client.get(f"/episodes/{episode_id}")
+                    response.raise_for_status()
+                    if int(response.json()["calls"]["admitted"]) >= count:
+                        return
+                except httpx.TransportError:  # a kept-alive connection closed under us: again
+                    pass
+                if loop.time() > deadline:
+                    raise RuntimeError(f"{count} admitted calls not seen in {timeout_s:.0f} s")
+                await asyncio.sleep(0.01)
 
     def agent(self, name: str, parent: str | None = None) -> AgentClient:
         client = AgentClient(
@@ -118,6 +158,7 @@ class _Run:
             model=self.model,
             agent_id=name if self.labelled else None,
             parent_agent_id=parent if self.labelled else None,
+            free_max_tokens=self.free_max_tokens,
         )
         self.agents.append(client)
         return client
@@ -139,6 +180,7 @@ class _Run:
         shelf: int,
         *,
         stream: bool = False,
+        role: Role = "policy",
     ) -> list[dict[str, Any]]:
         """A forced `look` tool call, then the history continued with its tool result."""
         forced = tool_call_text([("look", {"basket": basket, "shelf": shelf})])
@@ -149,6 +191,7 @@ class _Run:
             tools=[LOOK_TOOL],
             forced=forced,
             stream=stream,
+            role=role,
         )
         result = {
             "role": "tool",
@@ -162,14 +205,12 @@ async def _worker(
     run: _Run,
     script: WorkerScript,
     *,
-    sent_first: asyncio.Event | None = None,
-    start_after: asyncio.Event | None = None,
+    start_after: int | None = None,
     answer_after: asyncio.Event | None = None,
     done: asyncio.Event | None = None,
 ) -> str:
-    if start_after is not None:
-        await start_after.wait()
-        await asyncio.sleep(0.05)  # the other worker's first call is admitted and generating
+    if start_after is not None:  # the other worker's first call is admitted (and generating)
+        await run.wait_admitted(start_after)
     client = run.agent(script.name, parent="parent")
     opening = [
         {"role": "system", "content": WORKER_SYSTEM},
@@ -185,16 +226,20 @@ async def _worker(
                 seed=step_seed(run.seed, step),
                 tools=[LOOK_TOOL],  # kept, as harnesses do for prompt-cache reuse: it extends
                 tool_choice="none",  # the worker's exact tokens, but may not call a tool
-                role="compaction",
+                role=run.worker_role or "compaction",
                 stream=script.stream,
             )
             fresh = f"{script.prompt}\n\nSummary of the work so far: {summary.content or ''}"
             messages = [opening[0], {"role": "user", "content": fresh}]
-        if turn == 0 and sent_first is not None:
-            sent_first.set()
         step = f"{script.name}.turn{turn}"
         messages = await run.look_turn(
-            client, step, messages, script.basket, turn, stream=script.stream
+            client,
+            step,
+            messages,
+            script.basket,
+            turn,
+            stream=script.stream,
+            role=run.worker_role or "policy",
         )
     if answer_after is not None:
         await answer_after.wait()
@@ -205,6 +250,7 @@ async def _worker(
         seed=step_seed(run.seed, step),
         tools=[LOOK_TOOL],
         stream=script.stream,
+        role=run.worker_role or "policy",
     )
     if done is not None:
         done.set()
@@ -223,10 +269,11 @@ async def _parent_with_workers(run: _Run, script: EpisodeScript) -> None:
     delegate = await parent.call(
         step, messages, seed=step_seed(run.seed, step), tools=[TASK_TOOL], forced=forced
     )
-    first_sent, second_done = asyncio.Event(), asyncio.Event()
+    second_done = asyncio.Event()
+    first_admitted = 2  # the delegation, then worker-a's first call
     answers = await asyncio.gather(
-        _worker(run, script.first, sent_first=first_sent, answer_after=second_done),
-        _worker(run, script.second, start_after=first_sent, done=second_done),
+        _worker(run, script.first, answer_after=second_done),
+        _worker(run, script.second, start_after=first_admitted, done=second_done),
     )
     results = [
         {"role": "tool", "tool_call_id": call.id, "content": answer}
@@ -260,9 +307,18 @@ async def run_episode(
     model: str = "tiny",
     labelled: bool = True,
     script: EpisodeScript = DEFAULT_SCRIPT,
+    admin_key: str | None = None,
+    free_max_tokens: int | None = None,
+    worker_role: Role | None = None,
 ) -> EpisodeTrace:
-    """Run the controlled episode against an open episode's ``base_url`` (…/episodes/{id}/v1)."""
-    run = _Run(base_url, model, seed, labelled)
+    """Run the controlled episode against an open episode's ``base_url`` (…/episodes/{id}/v1).
+
+    ``admin_key`` is the proxy's, if it has one (the schedule reads the episode's admissions);
+    ``free_max_tokens`` bounds the free-text answers (default ``client.FREE_MAX_TOKENS``);
+    ``worker_role`` sends every worker call with that role (``auxiliary``: the workers' calls
+    are conditioning only, for parent-only training).
+    """
+    run = _Run(base_url, model, seed, labelled, admin_key, free_max_tokens, worker_role)
     try:
         if mode == "workers":
             await _parent_with_workers(run, script)

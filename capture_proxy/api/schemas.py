@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capture_contracts.vocabulary import EpisodeStatus, Mark, Role
 from capture_proxy.api.json_body import check_json_value
 from capture_proxy.store.records import CallAccounting, CallInfo, EpisodeInfo
+from capture_proxy.weights import WeightState
 
 #: Episode and call ids: what ``POST /episodes`` accepts and the store generates.
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]+")
@@ -126,3 +127,38 @@ class CallOut(BaseModel):
     @classmethod
     def of(cls, info: CallInfo) -> CallOut:
         return cls(**{name: getattr(info, name) for name in cls.model_fields})
+
+
+# -- the served policy version (api/weights.py) -----------------------------------------------
+
+
+class WeightsOut(BaseModel):
+    weight_version: int = Field(description="The version recorded on calls admitted now.")
+    paused: bool = Field(description="The gate is closed: new calls are held, not failed.")
+    in_flight: int = Field(description="Calls past the gate and not finished.")
+    held: int = Field(description="Calls waiting at the gate.")
+
+    @classmethod
+    def of(cls, state: WeightState) -> WeightsOut:
+        return cls(
+            weight_version=state.weight_version,
+            paused=state.paused,
+            in_flight=state.in_flight,
+            held=state.held,
+        )
+
+
+class PauseWeights(_Strict):
+    timeout_s: float = Field(
+        600.0, ge=0.0, le=3600.0, description="How long to wait for in-flight calls to finish."
+    )
+
+
+class ResumeWeights(_Strict):
+    weight_version: int | None = Field(
+        None,
+        ge=0,
+        le=2**62,
+        description="The new version. Null: the engine's integer /weight_info version if it "
+        "has one, else the proxy's counter + 1.",
+    )

@@ -95,6 +95,9 @@ class Call(Base):
     token_prefix: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     # The proxy instance that admitted the call (instances.instance_id; null before revision 0006).
     instance_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    # The policy version that served the call, and the grammar that constrained it (migration 0007).
+    weight_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    constraint_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     admitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 

@@ -27,10 +27,10 @@ _INSERT_CALL = (
     "INSERT INTO calls (call_id, episode_id, request_id, choice_index, endpoint, stream, agent_id,"
     " parent_agent_id, role, status, admitted_seq, model, prompt_token_ids, completion_token_ids,"
     " completion_logprobs, prompt_tokens, completion_tokens, continuation, instance_id,"
-    " admitted_at) VALUES"
+    " admitted_at, weight_version, constraint_kind) VALUES"
     " (:call_id, :episode_id, :request_id, :choice_index, :endpoint, :stream, :agent_id,"
     " :parent_agent_id, :role, 'admitted', :admitted_seq, :model, :empty, :empty, :empty, 0, 0,"
-    " :continuation, :instance_id, :now)"
+    " :continuation, :instance_id, :now, :weight_version, :constraint_kind)"
 )
 _COMPLETE_CALL = (
     "UPDATE calls SET status = 'completed', completed_seq = :seq, finish_reason = :finish_reason,"
@@ -129,6 +129,8 @@ def admit(
                 "continuation": continuation,
                 "instance_id": instance_id,
                 "now": now,
+                "weight_version": admission.weight_version,
+                "constraint_kind": admission.constraint,
             },
         )
     return list(call_ids)

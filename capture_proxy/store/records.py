@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capture_contracts.bundle import ContinuationRecord
-from capture_contracts.vocabulary import CallStatus, Endpoint, EpisodeStatus, Mark, Role
+from capture_contracts.vocabulary import (
+    CallStatus,
+    Constraint,
+    Endpoint,
+    EpisodeStatus,
+    Mark,
+    Role,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,8 @@ class Admission:
     parent_agent_id: str | None = None
     model: str | None = None
     continuation: ContinuationRecord | None = None  # see capture_proxy/continuation.py
+    weight_version: int | None = None  # the policy version serving it (capture_proxy/weights.py)
+    constraint: Constraint | None = None  # the grammar decoding it (capture.request_constraint)
 
 
 @dataclass(frozen=True, slots=True)

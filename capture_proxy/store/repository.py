@@ -412,4 +412,6 @@ def _call_record(call: Call) -> CallRecord:
         completion_logprobs=logprobs_array(call.completion_logprobs),
         continuation=parse_continuation(call.continuation, f"call {call.call_id!r}"),
         error=call.error,
+        weight_version=call.weight_version,
+        constraint=call.constraint_kind,  # type: ignore[arg-type]
     )

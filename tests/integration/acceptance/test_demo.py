@@ -47,7 +47,14 @@ def test_demo_writes_everything(tmp_path: Path) -> None:
     train = json.loads((out / "train.json").read_text())
     assert train["episodes"] == 4
     assert train["rows"] == len(rows)
-    assert train["owned_tokens"] == sum(sum(r["loss_mask"]) for r in rows)
+    # Grammar-forced tool calls are owned but kept out of the loss (their logprobs are of the
+    # masked distribution); what is trained is sampled freely, so one step on the sampling
+    # weights is on-policy: ratio 1, KL 0 (issue 16 item 3).
+    owned = sum(sum(r["loss_mask"]) for r in rows)
+    assert train["owned_tokens"] + train["constrained_tokens"] == owned
+    assert train["constrained_tokens"] > 0 and train["owned_tokens"] > 0
+    assert abs(train["mean_ratio"] - 1.0) <= 1e-3, train["mean_ratio"]
+    assert train["approx_kl"] < 1e-3, train["approx_kl"]
     assert set(train["advantage_signed_logprob_change_by_agent"]) == {
         "parent",
         "worker-a",

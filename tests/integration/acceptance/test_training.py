@@ -112,6 +112,9 @@ def _train_rows(result: Reconstruction) -> list[TrainRow]:
 
 
 def _reference_train_rows(bundle: dict[str, Any]) -> list[TrainRow]:
+    """One row per eligible call; its completion is one span, constrained as the call was (so
+    the trainer keeps grammar-forced tokens out of both layouts' loss alike)."""
+    constrained = {c["call_id"]: c.get("constraint") is not None for c in bundle["calls"]}
     return [
         row_from_dict(
             {
@@ -122,7 +125,15 @@ def _reference_train_rows(bundle: dict[str, Any]) -> list[TrainRow]:
                 "input_ids": list(r.input_ids),
                 "loss_mask": list(r.loss_mask),
                 "behavior_logprobs": list(r.behavior_logprobs),
-                "spans": [],
+                "spans": [
+                    {
+                        "call_id": r.call_id,
+                        "start": len(r.input_ids) - sum(r.loss_mask),
+                        "end": len(r.input_ids),
+                        "owned": True,
+                        "constrained": constrained[r.call_id],
+                    }
+                ],
             }
         )
         for i, r in enumerate(reference_rows(bundle))
@@ -157,12 +168,17 @@ def test_rows_and_per_call_reference_agree_on_loss_and_gradient(
     rows = [r for c in group for r in _train_rows(reconstruct_episode(c.bundle))]
     reference = [r for c in group for r in _reference_train_rows(c.bundle)]
     assert sum(sum(r.loss_mask) for r in rows) == sum(sum(r.loss_mask) for r in reference)
-    loss, grads = _loss_and_grads(model_dir, with_advantages(collate(rows)))
-    ref_loss, ref_grads = _loss_and_grads(model_dir, with_advantages(collate(reference)))
-    assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
-    assert len(grads) == len(ref_grads)
-    for got, want in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    for constrained in ("exclude", "include"):  # grammar-forced tokens out of the loss, or in
+        batch = with_advantages(collate(rows, constrained=constrained))
+        ref_batch = with_advantages(collate(reference, constrained=constrained))
+        assert batch.owned_tokens == ref_batch.owned_tokens
+        assert (constrained == "exclude") == (batch.constrained_tokens > 0)
+        loss, grads = _loss_and_grads(model_dir, batch)
+        ref_loss, ref_grads = _loss_and_grads(model_dir, ref_batch)
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+        assert len(grads) == len(ref_grads)
+        for got, want in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_one_logical_rollout_per_episode_in_the_baseline(group: list[Captured]) -> None:

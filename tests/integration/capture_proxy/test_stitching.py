@@ -162,3 +162,17 @@ def test_stitched_answers_carry_no_end_of_turn_text(stitched: Run, passthrough: 
     assert leaked == []
     # the stitched calls that stopped did sample the end-of-turn token: it is captured
     assert any(c.finish_reason == "stop" for c in stitched[0].calls)
+
+
+def test_stitched_calls_keep_the_requested_max_tokens(stitched: Run) -> None:
+    """vLLM's render answers no ``max_tokens``: the proxy carries the harness's over to the
+    token-in generation (without it the free-text answers ran on for hundreds of tokens)."""
+    trace, bundle, _ = stitched
+    lengths = {c["call_id"]: len(c["completion_token_ids"]) for c in bundle["calls"]}
+    stitched_ids = {
+        c["call_id"] for c in bundle["calls"] if (c.get("continuation") or {}).get("stitched")
+    }
+    free = [c for c in trace.calls if "structured_outputs" not in c.request]
+    assert any(c.call_id in stitched_ids for c in free)
+    for call in trace.calls:
+        assert lengths[call.call_id] <= call.request["max_tokens"], call.step
