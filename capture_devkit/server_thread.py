@@ -33,6 +33,7 @@ class ProxyThread:
             port=self.port,
             log_level="warning",
             lifespan="on",
+            timeout_keep_alive=settings.keep_alive_s,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))

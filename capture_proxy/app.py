@@ -96,8 +96,10 @@ def create_app(
             identity=identity,
             lease_s=settings.store.lease_s,
         )
-        lease = InstanceLease(store.writer, identity, settings.store.lease_s)
-        app.state.service = CaptureService(settings, store, upstream)
+        app.state.service = service = CaptureService(settings, store, upstream)
+        lease = InstanceLease(
+            store.writer, identity, settings.store.lease_s, service.metrics.orphans_resolved
+        )
         app.state.vocabulary = EngineVocabulary(upstream, settings.limits.vocab_size)
         app.state.lease = lease
         try:

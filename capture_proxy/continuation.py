@@ -40,6 +40,7 @@ from capture_proxy.stitch import (
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import TOKENIZE, RawResponse, Upstream, UpstreamReply, sse_events
+from capture_proxy.upstream.transport import FINISH_TIMEOUT_S
 
 #: Choices worth a second look after reading the agent's calls completed elsewhere since.
 _LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
@@ -472,6 +473,9 @@ class _DerenderedStream:
             if chunk.get("usage"):
                 out["usage"] = chunk["usage"]
             yield _sse(out)
+
+    async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:
+        await self.response.finish(timeout_s)
 
     async def aclose(self) -> None:
         await self.response.aclose()

@@ -12,6 +12,8 @@ Names:
 - ``capture_continuation_total{kind, reason}`` (kind = stitched | fresh; the drift report);
 - ``capture_tokens_captured_total{kind}`` (prompt | completion tokens of completed calls);
 - ``capture_episodes{status}`` (gauge: the store's episodes by status);
+- ``capture_orphans_resolved_total`` (unresolved calls of dead proxy instances this process
+  failed as ``proxy_restart``: store/leases.py);
 - histograms (seconds): ``capture_upstream_latency_seconds{endpoint}`` (the generation request:
   the whole answer, or the stream from the request to its last chunk — time spent waiting on the
   engine), ``capture_proxy_overhead_seconds{endpoint}`` (the call's time in the proxy minus that
@@ -58,6 +60,10 @@ _HELP = {
         "Tokens recorded by completed calls: prompt and completion.",
     ),
     "capture_calls_in_flight": ("gauge", "Calls this process is serving now."),
+    "capture_orphans_resolved_total": (
+        "counter",
+        "Unresolved calls of dead proxy instances this process failed as proxy_restart.",
+    ),
     "capture_episodes": ("gauge", "Episodes in the store by status (store-wide, read at scrape)."),
     "capture_upstream_latency_seconds": (
         "histogram",
@@ -192,6 +198,10 @@ class Metrics:
             self.inc("capture_tokens_captured_total", tokens[0], kind="prompt")
         if tokens[1]:
             self.inc("capture_tokens_captured_total", tokens[1], kind="completion")
+
+    def orphans_resolved(self, n: int) -> None:
+        if n:
+            self.inc("capture_orphans_resolved_total", n)
 
     def timer(self, endpoint: str) -> CallTimer:
         return CallTimer(endpoint)

@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 CALL_ID_HEADER = "X-Capture-Call-Id"
 CALL_IDS_HEADER = "X-Capture-Call-Ids"
+# A completion the store refused: the call was resolved while it ran (cancelled by a close, or
+# failed as proxy_restart after this instance's lease lapsed); the answer is not recorded.
+_RESOLVED_MEANWHILE = (
+    "this call was resolved while it ran (its episode was closed, or this proxy's lease lapsed);"
+    " its answer is not recorded"
+)
 
 
 @dataclass(slots=True)
@@ -263,7 +269,7 @@ class CaptureService:
             generations = generations_from_response(endpoint, reply.body, n)
             generations = self.continuations.replies(entry.plan, generations, reply.body)
             if not await self._complete(entry, generations):
-                raise Conflict("the episode was closed while this call ran; call cancelled")
+                raise Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
             return JSONResponse(scrub(reply.body, wants), headers=headers)
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
@@ -317,9 +323,8 @@ class CaptureService:
     ) -> AsyncIterator[bytes]:
         """Pass the engine's chunks through while capturing tokens; [DONE] only after commit."""
         capture = StreamCapture(endpoint, n)
-        settled = False
+        settled = done = False
         try:
-            done = False
             async for events in entry.timer.upstream_chunks(sse_batches(response)):
                 out, done = _pass_on(events, entry, capture, wants)
                 if out:
@@ -336,7 +341,7 @@ class CaptureService:
                 yield b"data: [DONE]\n\n"
             else:
                 settled = True
-                yield _sse(Conflict("the episode was closed while this call ran").to_body())
+                yield _sse(Conflict(_RESOLVED_MEANWHILE, code="call_resolved").to_body())
         except (CaptureProxyError, ValueError) as exc:
             settled = True
             if entry.cancelled.is_set():
@@ -351,6 +356,8 @@ class CaptureService:
             self._release(request_id)
             self.metrics.observe(entry.timer)
             with anyio.CancelScope(shield=True):
+                if done:  # read the stream's end, so its connection serves the next call
+                    await response.finish()
                 await response.aclose()
                 if not settled:
                     reason = CANCELLED_BY_CLOSE if entry.cancelled.is_set() else CLIENT_DISCONNECTED

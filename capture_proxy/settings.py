@@ -257,6 +257,14 @@ class Settings(BaseSettings):
         None, description="Base URL clients use to reach the proxy (for `base_url` answers)."
     )
     close_poll_interval_s: float = 0.05
+    keep_alive_s: int = Field(
+        75,
+        ge=1,
+        description="How long `serve` keeps an idle client connection open (uvicorn's keep-alive)."
+        " Longer than the clients' own idle expiry (httpx and the OpenAI SDKs: 5 s), so a harness"
+        " never sends a call on a connection the proxy is closing at that moment (the client would"
+        " see the connection drop; uvicorn's default is those same 5 s).",
+    )
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     attribution: AttributionSettings = Field(default_factory=AttributionSettings)

@@ -66,6 +66,7 @@ def main(argv: list[str]) -> int:
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=5,
     )
     return 0

@@ -129,10 +129,13 @@ def _insert(db: Db, me: InstanceIdentity, expires_at: float) -> None:
     db.run(_INSERT, {**row, "now": db.now(), "expires_at": expires_at})
 
 
-def _take_anew(db: Db, me: InstanceIdentity, expires_at: float) -> None:
-    """Take the lease again after it was lost (or never recorded: the store was away)."""
-    if db.run(_REVIVE, {"instance_id": me.instance_id, "expires_at": expires_at}) == 0:
-        _insert(db, me, expires_at)
+def _take_anew(db: Db, me: InstanceIdentity, expires_at: float) -> bool:
+    """Take the lease again after it was lost (True), or for the first time (False: it was never
+    recorded, because the store was away at start-up or nothing registered this instance)."""
+    if db.run(_REVIVE, {"instance_id": me.instance_id, "expires_at": expires_at}) == 1:
+        return True
+    _insert(db, me, expires_at)
+    return False
 
 
 def register(db: Db, me: InstanceIdentity, lease_s: float) -> Resolved:
@@ -148,19 +151,17 @@ def register(db: Db, me: InstanceIdentity, lease_s: float) -> Resolved:
 def heartbeat(db: Db, me: InstanceIdentity, lease_s: float) -> Resolved:
     """Renew this instance's lease (taking a new one if it was lost); sweep expired leases."""
     clock = db.clock()
-    lost = db.run(_RENEW, {"instance_id": me.instance_id, "expires_at": clock + lease_s}) == 0
-    if lost:
-        _take_anew(db, me, clock + lease_s)
+    renewed = db.run(_RENEW, {"instance_id": me.instance_id, "expires_at": clock + lease_s})
+    lost = not renewed and _take_anew(db, me, clock + lease_s)
     swept = _sweep_expired(db, me, clock)
     return Resolved(swept.instances, swept.calls, lease_lost=lost)
 
 
 def hold(db: Db, me: InstanceIdentity, lease_s: float) -> bool:
-    """In an admission's transaction: True when the lease held; else it is taken anew."""
+    """In an admission's transaction: False when the lease had been lost (it is taken anew)."""
     if db.run(_HOLDS, {"instance_id": me.instance_id}) == 1:
         return True
-    _take_anew(db, me, db.clock() + lease_s)
-    return False
+    return not _take_anew(db, me, db.clock() + lease_s)
 
 
 def retire(db: Db, me: InstanceIdentity) -> int:
@@ -177,7 +178,14 @@ class LeaseWriter(Protocol):
 class InstanceLease:
     """Registers this process, renews its lease in the background, retires it on stop."""
 
-    def __init__(self, writer: LeaseWriter, identity: InstanceIdentity, lease_s: float) -> None:
+    def __init__(
+        self,
+        writer: LeaseWriter,
+        identity: InstanceIdentity,
+        lease_s: float,
+        on_resolved: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_resolved(n)``: told of every ``n`` orphans this instance resolved (metrics)."""
         if lease_s <= 0:
             raise CaptureProxyError(f"the lease must be positive, not {lease_s}")
         self.writer = writer
@@ -185,11 +193,14 @@ class InstanceLease:
         self.lease_s = lease_s
         self.interval_s = lease_s / 3
         self.resolved_calls = 0  # orphans this instance resolved (metrics, logs)
+        self._on_resolved = on_resolved
         self._task: asyncio.Task[None] | None = None
         self._registered = False
 
     def _note(self, what: str, resolved: Resolved) -> None:
         self.resolved_calls += resolved.calls
+        if self._on_resolved is not None and resolved.calls:
+            self._on_resolved(resolved.calls)
         if resolved.instances:
             log.warning(
                 "%s: ended the lease of %d instance(s) %s; %d unresolved call(s) failed (%s)",

@@ -169,8 +169,8 @@ def complete(
                 "now": now,
             },
         )
-        if moved != 1:  # cancelled by a close meanwhile: record nothing of this request
-            raise Refused(None)
+        if moved != 1:  # resolved meanwhile (a close, a sweep): record nothing of this request
+            raise Refused(None)  # (its sequence number stays taken: a gap, harmless)
         assert seq is not None
         seqs.append(seq)
     return seqs

@@ -168,8 +168,10 @@ class Store:
         )
 
     @staticmethod
-    async def _episode(session: AsyncSession, episode_id: str) -> Episode:
-        episode = await session.get(Episode, episode_id)
+    async def _episode(session: AsyncSession, episode_id: str, *, lock: bool = False) -> Episode:
+        """``lock``: take the episode row's lock first (PostgreSQL), the writer's order (episode,
+        then its calls), so a close marking calls never deadlocks with a batch completing one."""
+        episode = await session.get(Episode, episode_id, with_for_update=lock or None)
         if episode is None:
             raise NotFound(f"episode {episode_id!r} not found", param="episode_id")
         return episode
@@ -343,7 +345,7 @@ class Store:
         already closed with the same reward (idempotent). A different reward → Conflict.
         """
         async with self._sessions.begin() as session:
-            episode = await self._episode(session, episode_id)
+            episode = await self._episode(session, episode_id, lock=True)
             if episode.status != "open":
                 if episode.reward != reward:
                     raise Conflict(

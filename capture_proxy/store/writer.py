@@ -6,14 +6,21 @@ applies it in ONE transaction — each operation in its own savepoint, so one th
 (episode not open, call no longer admitted) changes nothing and disturbs no other — commits, and
 only then settles each operation's future. A response is released when its batch is committed.
 A lone call waits for no company: its batch is itself, one transaction; under load batches grow
-and the commit's cost per call falls.
+and the commit's cost per call falls. The operations themselves are in ``operations.py`` (calls)
+and ``leases.py`` (instances); a batch holding an admission first checks, in its transaction, that
+this instance's lease still holds (``leases.hold``), so no call is admitted under a lease a
+concurrent sweep is ending.
 
 - SQLite: a dedicated thread with its own ``sqlite3`` connection and plain SQL (no ORM unit of
   work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so the
   episode counters stay exact when several processes share the file.
-- PostgreSQL: an asyncio task running the same operations through SQLAlchemy Core on one
-  connection (``run_sync``); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the
-  counters are exact across proxy processes.
+- PostgreSQL: an asyncio task running the same operations on one asyncpg connection of its own
+  (prepared statements; the operations run in SQLAlchemy's greenlet bridge, so they stay plain
+  functions); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the counters are
+  exact across proxy processes. A batch first locks the rows of every episode it touches, in
+  episode-id order: two processes' batches over the same episodes then queue behind each other
+  instead of deadlocking (each taking the episodes in its own arrival order, A then B against B
+  then A, deadlocked within seconds under load and failed whole batches: 500s).
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
 ``FULL`` (the default) syncs the WAL to disk at every commit: a committed call survives a crash of
@@ -29,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -38,9 +46,9 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
 import orjson
-from sqlalchemy import JSON, bindparam, text
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import await_only, greenlet_spawn
 
 from capture_contracts.vocabulary import FailedStatus
 from capture_proxy.errors import CaptureProxyError, StoreError
@@ -55,6 +63,12 @@ T = TypeVar("T")
 SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+_PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")  # a ``:name`` parameter of our SQL
+#: The rows a batch will lock, locked up front in one order (PostgreSQL: LockRows above the Sort).
+_LOCK_EPISODES = (
+    "SELECT episode_id FROM episodes WHERE episode_id = ANY($1::text[])"
+    " ORDER BY episode_id FOR UPDATE"
+)
 
 # -- the queue and its two executors ------------------------------------------------------------
 
@@ -66,6 +80,8 @@ class _Op:
     future: asyncio.Future[Any]
     writes: bool = True
     leased: bool = False  # needs this instance's lease to hold (admissions)
+    isolated: bool = False  # may be refused after writing: runs in a savepoint
+    episode_id: str | None = None  # the episode whose rows it changes (locked first, in order)
 
 
 @dataclass(slots=True)
@@ -91,21 +107,33 @@ Prologue = Callable[[Db], None]
 def _apply_batch(
     db: Db, batch: Sequence[_Op], savepoint: Callable[[], Any], prologue: Prologue | None
 ) -> list[_Outcome]:
+    """Apply a batch in the open transaction; an operation that may be refused half-way (a
+    completion of several choices) runs in a savepoint, so its refusal leaves nothing behind.
+
+    Every other operation is refused, if at all, before it writes — or after no more than taking
+    an episode sequence number, which leaves a harmless gap (``*_seq`` order calls, they do not
+    count them) — so it needs no savepoint: two statements (two round trips on PostgreSQL)
+    fewer per operation. A failure of the store itself aborts the whole batch; the executor then
+    applies each operation alone (``_one_by_one``), so one bad operation fails by itself.
+    """
     if prologue is not None and any(op.leased for op in batch):
         prologue(db)
     outcomes = []
     for op in batch:
-        nested = savepoint()
+        nested = savepoint() if op.isolated else None
         try:
             value = op.apply(db)
         except Refused as refused:
-            nested.rollback()
+            if nested is not None:
+                nested.rollback()
             outcomes.append(_Outcome(refused.result))
         except CaptureProxyError as exc:
-            nested.rollback()
+            if nested is not None:
+                nested.rollback()
             outcomes.append(_Outcome(error=exc))
         else:
-            nested.commit()
+            if nested is not None:
+                nested.commit()
             outcomes.append(_Outcome(value))
     return outcomes
 
@@ -204,7 +232,9 @@ class _SqliteWriter:
         finally:
             connection.close()
 
-    def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
+    def _transaction(
+        self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]
+    ) -> list[_Outcome]:
         writes = any(op.writes for op in batch)
         try:
             connection.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
@@ -213,8 +243,13 @@ class _SqliteWriter:
         except sqlite3.Error as exc:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
-            error = StoreError(f"the store failed: {exc}")
-            outcomes = [_Outcome(error=error) for _ in batch]
+            if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
+                return [self._transaction(connection, db, [op])[0] for op in batch]
+            return [_Outcome(error=StoreError(f"the store failed: {exc}"))]
+        return outcomes
+
+    def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
+        outcomes = self._transaction(connection, db, batch)
         by_loop: dict[asyncio.AbstractEventLoop, tuple[list[_Op], list[_Outcome]]] = {}
         for op, outcome in zip(batch, outcomes, strict=True):
             ops, outs = by_loop.setdefault(op.loop, ([], []))
@@ -231,48 +266,77 @@ class _SqliteWriter:
         return thread
 
 
-class _CoreDb:
-    """SQLAlchemy Core on the sync face of an async connection (PostgreSQL)."""
+class _PgDb:
+    """The operations' SQL on the writer's own asyncpg connection (PostgreSQL).
 
-    _statements: ClassVar[dict[str, Any]] = {}
+    The operations are plain functions; the executor runs them in a greenlet (SQLAlchemy's
+    bridge, the one its asyncio drivers use) so each statement here awaits asyncpg directly:
+    a prepared statement per SQL text, ``$n`` parameters, no ORM, no result processing.
+    """
 
-    def __init__(self, connection: Connection) -> None:
+    _sql: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
+
+    def __init__(self, connection: Any) -> None:
         self.connection = connection
 
     @classmethod
-    def _statement(cls, sql: str) -> Any:
-        statement = cls._statements.get(sql)
-        if statement is None:
-            statement = text(sql)
-            for name in ("usage", "continuation"):
-                if f":{name}" in sql:
-                    statement = statement.bindparams(bindparam(name, type_=JSON))
-            cls._statements[sql] = statement
-        return statement
+    def _positional(cls, sql: str) -> tuple[str, tuple[str, ...]]:
+        known = cls._sql.get(sql)
+        if known is None:
+            names: list[str] = []
+
+            def number(match: re.Match[str]) -> str:
+                if match.group(1) not in names:
+                    names.append(match.group(1))
+                return f"${names.index(match.group(1)) + 1}"
+
+            known = cls._sql[sql] = (_PARAM.sub(number, sql), tuple(names))
+        return known
 
     def rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self.connection.execute(self._statement(sql), params)]
+        text, names = self._positional(sql)
+        found = await_only(self.connection.fetch(text, *[params[n] for n in names]))
+        return [tuple(r) for r in found]
 
     def run(self, sql: str, params: dict[str, Any]) -> int:
-        result = self.connection.execute(self._statement(sql), params)
-        return int(result.rowcount)
+        text, names = self._positional(sql)
+        status = await_only(self.connection.execute(text, *[params[n] for n in names]))
+        return int(status.rsplit(" ", 1)[-1])  # "UPDATE 1", "INSERT 0 1"
 
     def now(self) -> datetime:
         return datetime.now(UTC)
 
     def clock(self) -> float:
         # The server's clock: proxies on several hosts agree on leases without synced clocks.
-        return float(self.connection.execute(text(_SERVER_CLOCK)).scalar_one())
+        return float(await_only(self.connection.fetchval(_SERVER_CLOCK)))
 
-    def json(self, value: Any) -> Any:
-        return value
+    def json(self, value: Any) -> str:
+        return orjson.dumps(value).decode()  # asyncpg takes json columns as text
 
     def loads(self, value: Any) -> Any:
         return orjson.loads(value) if isinstance(value, str | bytes) else value
 
+    def savepoint(self) -> _PgSavepoint:
+        return _PgSavepoint(self.connection)
+
+
+class _PgSavepoint:
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        await_only(connection.execute("SAVEPOINT op"))
+
+    def commit(self) -> None:
+        await_only(self.connection.execute("RELEASE SAVEPOINT op"))
+
+    def rollback(self) -> None:
+        await_only(self.connection.execute("ROLLBACK TO SAVEPOINT op"))
+        await_only(self.connection.execute("RELEASE SAVEPOINT op"))
+
 
 class _AsyncWriter:
-    """The writer task of a PostgreSQL store (one per event loop)."""
+    """The writer task of a PostgreSQL store (one per event loop), on one connection of its own
+    taken from the engine's pool (so the engine's connect arguments apply) and kept; a failed
+    batch drops it and the next batch takes a fresh one."""
 
     def __init__(self, engine: AsyncEngine, max_batch: int) -> None:
         self.engine = engine
@@ -289,27 +353,67 @@ class _AsyncWriter:
         q.put_nowait(op)
 
     async def _run(self, q: asyncio.Queue[_Op | None]) -> None:
-        while True:
-            first = await q.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch and not q.empty():
-                op = q.get_nowait()
-                if op is None:
-                    q.put_nowait(None)
-                    break
-                batch.append(op)
-            try:
-                async with self.engine.begin() as connection:
-                    outcomes = await connection.run_sync(self._apply, batch)
-            except Exception as exc:  # the driver's errors are many; all mean the same here
-                error = StoreError(f"the store failed: {exc}")
-                outcomes = [_Outcome(error=error) for _ in batch]
-            _settle(batch, outcomes)
+        held: AsyncConnection | None = None
+        try:
+            while True:
+                first = await q.get()
+                if first is None:
+                    return
+                batch = [first]
+                while len(batch) < self.max_batch and not q.empty():
+                    op = q.get_nowait()
+                    if op is None:
+                        q.put_nowait(None)
+                        break
+                    batch.append(op)
+                held, outcomes = await self._transaction(held, batch)
+                _settle(batch, outcomes)
+        finally:
+            if held is not None:
+                with contextlib.suppress(Exception):
+                    await held.close()
 
-    def _apply(self, connection: Connection, batch: list[_Op]) -> list[_Outcome]:
-        return _apply_batch(_CoreDb(connection), batch, connection.begin_nested, self.prologue)
+    async def _transaction(
+        self, held: AsyncConnection | None, batch: list[_Op]
+    ) -> tuple[AsyncConnection | None, list[_Outcome]]:
+        """The batch in one transaction (the connection kept, or dropped after a failure)."""
+        try:
+            if held is None:
+                held = await self.engine.connect()
+            return held, await self._commit(held, batch)
+        except Exception as exc:  # the driver's errors are many; all mean the same here
+            if held is not None:  # a fresh connection for what follows
+                with contextlib.suppress(Exception):
+                    await held.invalidate()
+                with contextlib.suppress(Exception):
+                    await held.close()
+            if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
+                outcomes = []
+                again: AsyncConnection | None = None
+                for op in batch:
+                    again, (outcome,) = await self._transaction(again, [op])
+                    outcomes.append(outcome)
+                return again, outcomes
+            return None, [_Outcome(error=StoreError(f"the store failed: {exc}"))]
+
+    async def _commit(self, held: AsyncConnection, batch: list[_Op]) -> list[_Outcome]:
+        raw = await held.get_raw_connection()
+        connection: Any = raw.driver_connection  # asyncpg's
+        db = _PgDb(connection)
+        transaction = connection.transaction()
+        await transaction.start()
+        try:
+            episode_ids = sorted({op.episode_id for op in batch if op.episode_id is not None})
+            if episode_ids:
+                await connection.execute(_LOCK_EPISODES, episode_ids)
+            outcomes: list[_Outcome] = await greenlet_spawn(
+                _apply_batch, db, batch, db.savepoint, self.prologue
+            )
+        except BaseException:
+            await transaction.rollback()
+            raise
+        await transaction.commit()
+        return outcomes
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -357,10 +461,16 @@ class Writer:
             )
 
     async def _run(
-        self, apply: Callable[[Db], Any], *, writes: bool = True, leased: bool = False
+        self,
+        apply: Callable[[Db], Any],
+        *,
+        writes: bool = True,
+        leased: bool = False,
+        isolated: bool = False,
+        episode_id: str | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes, leased)
+        op = _Op(apply, loop, loop.create_future(), writes, leased, isolated, episode_id)
         if self._sqlite is not None:
             self._sqlite.submit(op)
         else:
@@ -378,6 +488,7 @@ class Writer:
         result: list[str] = await self._run(
             lambda db: operations.admit(db, episode_id, admission, call_ids, instance_id),
             leased=self.identity is not None,
+            episode_id=episode_id,
         )
         return result
 
@@ -392,7 +503,9 @@ class Writer:
         if len(call_ids) != len(generations):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
         result: list[int] | None = await self._run(
-            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id)
+            lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id),
+            isolated=len(call_ids) > 1,  # all choices are recorded, or none
+            episode_id=episode_id,
         )
         return result
 
@@ -405,7 +518,8 @@ class Writer:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> int:
         result: int = await self._run(
-            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids)
+            lambda db: operations.finish(db, episode_id, call_ids, status, error, prompt_token_ids),
+            episode_id=episode_id,
         )
         return result
 

@@ -16,6 +16,7 @@ translates them, once, into the service's errors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -29,6 +30,9 @@ _READ_SIZE = 65536
 #: Idle connections older than this are not reused (uvicorn, which vLLM runs on, closes idle
 #: keep-alive connections after 5 s; reusing one it is closing would fail the request).
 _IDLE_S = 4.0
+#: How long ``RawResponse.finish`` waits for the end of a stream after its ``[DONE]`` (vLLM sends
+#: both in the same write or right after; beyond this the connection is closed, not reused).
+FINISH_TIMEOUT_S = 0.05
 
 
 class ProtocolError(Exception):
@@ -41,6 +45,12 @@ class RawResponse(Protocol):
     def aiter_bytes(self) -> AsyncIterator[bytes]: ...
 
     async def aread(self) -> bytes: ...
+
+    async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:
+        """Read what is left of a response whose body the caller has all of (a stream after
+        its ``[DONE]``: the chunked encoding's end), waiting at most ``timeout_s``, so that its
+        connection can serve the next request."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -133,11 +143,28 @@ class _SocketResponse:
                     break
             while self._parser.chunks:
                 yield self._parser.chunks.popleft()
-        finally:
+        except GeneratorExit:  # left early by its reader: finish() or aclose() decides
+            raise
+        except BaseException:
             self._release()
+            raise
+        self._release()
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:
+        conn = self._conn
+        if conn is None or self._parser.complete:
+            return
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(timeout_s):
+                while not self._parser.complete:
+                    data = await conn.reader.read(_READ_SIZE)
+                    if not data:
+                        return
+                    self._parser.feed(data)
+        self._parser.chunks.clear()  # past the end of the stream the caller read
 
     async def aclose(self) -> None:
         self._release()
@@ -245,6 +272,9 @@ class _HttpxResponse:
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:
+        return None  # httpx reuses its connections by itself
 
     async def aclose(self) -> None:
         await self._response.aclose()

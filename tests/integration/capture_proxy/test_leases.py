@@ -78,8 +78,8 @@ async def test_an_expired_lease_is_swept_by_a_live_instance_heartbeat(
     stores: StoreFactory,
 ) -> None:
     dead = InstanceIdentity.new()
-    store_dead = stores(dead, lease_s=0.3)
-    await store_dead.writer.lease_op(lambda db: leases.register(db, dead, 0.3))
+    store_dead = stores(dead, lease_s=2.0)
+    await store_dead.writer.lease_op(lambda db: leases.register(db, dead, 2.0))
     ep = (await store_dead.create_episode("g")).episode_id
     [orphan] = await store_dead.admit(ep, ADMISSION)
     live = InstanceIdentity.new()
@@ -89,7 +89,7 @@ async def test_an_expired_lease_is_swept_by_a_live_instance_heartbeat(
 
     early = await store_live.writer.lease_op(lambda db: leases.heartbeat(db, live, 15.0))
     assert early.calls == 0  # the lease still runs
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(2.2)
     swept = await store_live.writer.lease_op(lambda db: leases.heartbeat(db, live, 15.0))
 
     assert swept.instances == (dead.instance_id,) and swept.calls == 1
@@ -104,7 +104,7 @@ async def test_an_instance_that_lost_its_lease_learns_it_and_takes_a_new_one(
     stores: StoreFactory,
 ) -> None:
     slow = InstanceIdentity.new()
-    store_slow = stores(slow, lease_s=0.2)
+    store_slow = stores(slow, lease_s=15.0)  # the lease its admission takes anew
     await store_slow.writer.lease_op(lambda db: leases.register(db, slow, 0.2))
     ep = (await store_slow.create_episode("g")).episode_id
     [lost] = await store_slow.admit(ep, ADMISSION)
@@ -130,14 +130,14 @@ async def test_the_lease_runs_in_the_background_and_retires_on_stop(
     stores: StoreFactory,
 ) -> None:
     me = InstanceIdentity.new()
-    store = stores(me, lease_s=0.3)
-    lease = InstanceLease(store.writer, me, 0.3)
+    store = stores(me, lease_s=1.5)
+    lease = InstanceLease(store.writer, me, 1.5)
     await lease.start()
     ep = (await store.create_episode("g")).episode_id
     [call] = await store.admit(ep, ADMISSION)
     other = InstanceIdentity.new()
     store_other = stores(other)
-    await asyncio.sleep(0.8)  # past the lease: only the heartbeats keep it
+    await asyncio.sleep(2.0)  # past the lease: only the heartbeats keep it
     await store_other.writer.lease_op(lambda db: leases.register(db, other, 15.0))
     assert (await _statuses(store, ep))[call] == ("admitted", None)
     await lease.stop()

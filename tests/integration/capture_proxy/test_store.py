@@ -64,3 +64,36 @@ def test_packing_round_trip() -> None:
     assert len(pack_ids(ids)) == 4 * len(ids)
     assert unpack_logprobs(pack_logprobs([-0.5, -1.25])) == [-0.5, -1.25]
     assert unpack_ids(b"") == [] and unpack_logprobs(None) == []
+
+
+async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(store_url: str) -> None:
+    """Operations run without savepoints; a store error aborts the batch, which is then applied
+    one operation at a time, so only the bad one fails."""
+    import asyncio
+    import time
+
+    from capture_proxy.errors import StoreError
+
+    store = Store(make_sessionmaker(make_engine(store_url)))
+    ep = (await store.create_episode("s")).episode_id
+    writer = store.writer
+
+    def slow(db: object) -> None:
+        time.sleep(0.3)  # the next two queue up meanwhile and share one batch
+
+    def bad(db: object) -> None:
+        db.run("INSERT INTO no_such_table (x) VALUES (:x)", {"x": 1})  # type: ignore[attr-defined]
+
+    admission = Admission("chat", False, 1, "policy")
+    results = await asyncio.gather(
+        writer._run(slow),
+        writer._run(bad),
+        writer.admit(ep, admission, ["call-good"]),
+        return_exceptions=True,
+    )
+    assert results[0] is None
+    assert isinstance(results[1], StoreError)
+    assert results[2] == ["call-good"]
+    [call] = await store.list_calls(ep)
+    assert (call.call_id, call.status) == ("call-good", "admitted")
+    await store.aclose()

@@ -166,6 +166,8 @@ def test_two_proxies_on_postgres_one_killed(
         assert _bundle_call(survivor, "ep-shared", done) == before
         # Not before the lease could have run out (renewed at most a beat before the kill).
         assert resolved_after >= LEASE_S * 2 / 3 - 0.1
+        metrics = httpx.get(f"{survivor.url}/metrics", timeout=10).text
+        assert "capture_orphans_resolved_total 1" in metrics.splitlines()
         info = httpx.get(f"{survivor.url}/episodes/ep-shared", timeout=10).json()
         assert info["calls"]["admitted"] == 3 and info["calls"]["in_flight"] == 0
         closed = httpx.post(

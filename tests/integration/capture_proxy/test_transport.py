@@ -1,0 +1,89 @@
+"""The socket transport over real loopback connections: keep-alive reuse, and when not to reuse.
+
+A tiny HTTP/1.1 server writes a chunked SSE stream whose ``[DONE]`` and chunked end arrive in
+separate writes (as a real engine's do, token by token): a reader that stops at ``[DONE]`` and
+``finish()``es the response hands the connection back to the pool; one that leaves early (a
+cancelled call) closes it, which is what aborts the engine's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from capture_proxy.upstream.client import sse_batches
+from capture_proxy.upstream.transport import SocketTransport
+
+_EVENTS = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.connections = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
+                for event in _EVENTS:
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    await writer.drain()
+                    await asyncio.sleep(0.01)  # each event its own write, like a token
+                writer.write(b"0\r\n\r\n")  # the chunked end, after [DONE]
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[_Server, int]]:
+    state = _Server()
+    listener = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    async with listener:
+        yield state, port
+
+
+async def _read_until_done(transport: SocketTransport) -> None:
+    response = await transport.send("POST", "/v1/chat/completions", b"{}")
+    async for events in sse_batches(response):
+        if any(e.strip() == "[DONE]" for e in events):
+            break
+    await response.finish()
+    await response.aclose()
+
+
+async def test_a_stream_read_to_its_done_leaves_the_connection_reusable(
+    server: tuple[_Server, int],
+) -> None:
+    state, port = server
+    transport = SocketTransport(f"http://127.0.0.1:{port}", connect_timeout_s=5, read_timeout_s=5)
+    for _ in range(3):
+        await _read_until_done(transport)
+    assert state.connections == 1
+    await transport.aclose()
+
+
+async def test_a_stream_left_early_closes_its_connection(server: tuple[_Server, int]) -> None:
+    state, port = server
+    transport = SocketTransport(f"http://127.0.0.1:{port}", connect_timeout_s=5, read_timeout_s=5)
+    response = await transport.send("POST", "/v1/chat/completions", b"{}")
+    async for _events in sse_batches(response):
+        break  # the harness went away after the first event
+    await response.aclose()  # no finish(): the engine must see the connection close
+    await _read_until_done(transport)
+    assert state.connections == 2
+    await transport.aclose()
