@@ -21,7 +21,6 @@ from capture_proxy.store.repository import Store
 from reconstruct import reconstruct_episode
 from tests.fixtures.db import sqlite_url
 
-
 _OPENED: list[Store] = []
 
 

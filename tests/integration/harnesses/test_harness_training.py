@@ -102,7 +102,9 @@ async def test_parent_only_and_with_subagents_each_train_one_step(
     report = await run_job(db, out, show_progress=False)
     assert sorted(report.exported_episodes) == sorted([alone.episode_id, team.episode_id])
     rows = read_rows(out)
-    batches = with_advantages(collate(rows))
+    # The scripted engine forces every call's text (grammar-constrained): those tokens are out of
+    # the loss by default (issue 16); this test trains them to show that worker actions train.
+    batches = with_advantages(collate(rows, constrained="include"))
     for episode_id, advantage in ((alone.episode_id, -0.5), (team.episode_id, 0.5)):
         e = batches.episode_ids.index(episode_id)
         index = [i for i in range(batches.num_rows) if int(batches.episode_index[i]) == e]
