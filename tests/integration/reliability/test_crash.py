@@ -14,33 +14,18 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
-import pytest
 
 from capture_contracts.vocabulary import PROXY_RESTART
-from tests.fixtures.db import fresh_postgres_database, sqlite_url
+from tests.fixtures.db import sqlite_url
 from tests.support import processes
 from tests.support.processes import Process
 
 LEASE_S = 1.5
 MESSAGES = [{"role": "user", "content": "count the fruit"}]
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Process]:
-    process = processes.stub_engine(tmp_path).start()
-    yield process
-    process.kill()
-
-
-@pytest.fixture
-def postgres_store() -> Iterator[str]:
-    with fresh_postgres_database("capture_crash") as url:
-        yield url
 
 
 def _episode(proxy: Process, episode_id: str) -> str:

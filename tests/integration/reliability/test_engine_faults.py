@@ -25,17 +25,9 @@ import pytest
 from capture_devkit.engine import VLLMServer
 from tests.fixtures.db import sqlite_url
 from tests.fixtures.proxy import ProxyFactory, ProxyServer
-from tests.support import processes
 from tests.support.processes import Process
 
 MESSAGES = [{"role": "user", "content": "count the fruit"}]
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Process]:
-    process = processes.stub_engine(tmp_path).start()
-    yield process
-    process.kill()
 
 
 def _episode(proxy: ProxyServer, episode_id: str) -> str:

@@ -10,22 +10,13 @@ where a client's event loop lags, often enough to fail one call in a few hundred
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.fixtures.db import sqlite_url
 from tests.support import processes
 from tests.support.processes import Process
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Process]:
-    process = processes.stub_engine(tmp_path).start()
-    yield process
-    process.kill()
 
 
 def test_an_idle_connection_outlives_the_clients_expiry(tmp_path: Path, engine: Process) -> None:

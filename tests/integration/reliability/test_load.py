@@ -37,12 +37,11 @@ from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
-import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from capture_proxy.store.models import Call, Instance
-from tests.fixtures.db import fresh_postgres_database, sqlite_url
+from tests.fixtures.db import sqlite_url
 from tests.support import processes
 from tests.support.processes import Process
 
@@ -393,19 +392,6 @@ def run_load_case(name: str, proxies: Sequence[Process], db_url: str, out: Path)
     assert all(mb < RSS_CEILING_MB for mb in peaks), peaks
     assert on_the_wire >= 100 and max_in_flight >= 100, "the load was not concurrent"
     return figures
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Process]:
-    process = processes.stub_engine(tmp_path).start()
-    yield process
-    process.kill()
-
-
-@pytest.fixture
-def postgres_store() -> Iterator[str]:
-    with fresh_postgres_database("capture_load") as url:
-        yield url
 
 
 @contextmanager
