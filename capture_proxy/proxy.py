@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,13 @@ from capture_proxy.metrics import CallTimer, Metrics
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.upstream import RawResponse, Upstream, error_body_from, sse_batches
+from capture_proxy.upstream import (
+    RawResponse,
+    Upstream,
+    UpstreamReply,
+    error_body_from,
+    sse_batches,
+)
 from capture_proxy.weights import WeightGate
 
 log = logging.getLogger(__name__)
@@ -65,10 +71,10 @@ class _InFlight:
     call_ids: list[str]
     timer: CallTimer  # metrics: upstream time and the proxy's overhead
     role: str
-    agent_id: str | None = None
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[Any] | None = None
+    agent_id: str | None
+    task: asyncio.Task[Any]  # the engine's answer (whole) or stream (its headers)
     plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -111,6 +117,18 @@ def _token_counts(generations: list[Generation]) -> tuple[int, int]:
     return prompt, sum(len(g.completion_token_ids) for g in generations)
 
 
+async def _abandon(sending: asyncio.Task[Any], stream: bool) -> None:
+    """Abort an engine request whose call was not admitted (a stream's response is closed)."""
+    sending.cancel()
+    with anyio.CancelScope(shield=True):
+        try:
+            response = await sending
+        except BaseException:  # cancelled, or the engine's own error: nothing to keep
+            return
+        if stream:
+            await response.aclose()
+
+
 def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
     return {CALL_ID_HEADER: request_id, CALL_IDS_HEADER: ",".join(call_ids)}
 
@@ -147,8 +165,7 @@ class CaptureService:
             if entry.episode_id != episode_id:
                 continue
             entry.cancelled.set()
-            if entry.task is not None:
-                entry.task.cancel()
+            entry.task.cancel()
 
     # -- the proxy --------------------------------------------------------------------------
 
@@ -178,8 +195,15 @@ class CaptureService:
         stream = bool(body.get("stream"))
         context_agent = attribution.context_agent_id or attribution.agent_id  # issue 13 hook
         version = await self.weights.enter()  # held here while the weights change
+        sending: asyncio.Task[Any] | None = None
         try:
             plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
+            # The engine starts on the call while its admission commits, so the commit (an
+            # fsync with the default store settings) is not on the call's path. A refused
+            # admission aborts the engine's request; nothing but the refusal is answered.
+            sending = asyncio.create_task(
+                timer.upstream(self._send(plan, endpoint, upstream_body, stream))
+            )
             call_ids = await self.store.admit(
                 episode_id,
                 Admission(
@@ -196,21 +220,31 @@ class CaptureService:
                 ),
             )
         except BaseException:
+            if sending is not None:
+                await _abandon(sending, stream)
             self.weights.leave()
             raise
         self.metrics.admitted(endpoint, n, plan.record, attribution.role)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
         entry = _InFlight(
-            episode_id, call_ids, timer, attribution.role, attribution.agent_id, plan=plan
+            episode_id, call_ids, timer, attribution.role, attribution.agent_id, sending, plan
         )
         self._in_flight[request_id] = entry
         try:
             if stream:
-                return await self._streamed(entry, request_id, endpoint, upstream_body, wants, n)
-            return await self._whole(entry, request_id, endpoint, upstream_body, wants, n)
+                return await self._streamed(entry, request_id, endpoint, wants, n)
+            return await self._whole(entry, request_id, endpoint, wants, n)
         except BaseException:
             self._release(request_id)
             raise
+
+    def _send(
+        self, plan: Plan, endpoint: Endpoint, upstream_body: dict[str, Any], stream: bool
+    ) -> Awaitable[Any]:
+        """The engine's answer (a whole reply), or its stream once its headers came."""
+        if stream:
+            return self.continuations.open_stream(plan, PATHS[endpoint], upstream_body)
+        return self.continuations.post_json(plan, PATHS[endpoint], upstream_body)
 
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):
@@ -244,17 +278,13 @@ class CaptureService:
         entry: _InFlight,
         request_id: str,
         endpoint: Endpoint,
-        upstream_body: dict[str, Any],
         wants: ClientWants,
         n: int,
     ) -> Response:
         headers = _call_headers(entry.call_ids, request_id)
         try:
-            entry.task = asyncio.create_task(
-                self.continuations.post_json(entry.plan, PATHS[endpoint], upstream_body)
-            )
             try:
-                reply = await entry.timer.upstream(entry.task)
+                reply: UpstreamReply = await entry.task
             except asyncio.CancelledError:
                 if not entry.cancelled.is_set():
                     raise
@@ -286,15 +316,12 @@ class CaptureService:
         entry: _InFlight,
         request_id: str,
         endpoint: Endpoint,
-        upstream_body: dict[str, Any],
         wants: ClientWants,
         n: int,
     ) -> Response:
         headers = _call_headers(entry.call_ids, request_id)
         try:
-            response = await entry.timer.upstream(
-                self.continuations.open_stream(entry.plan, PATHS[endpoint], upstream_body)
-            )
+            response: RawResponse = await entry.task
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
