@@ -116,6 +116,11 @@ class VLLMServer:
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--enable-auto-tool-choice",
             "--tool-call-parser", "hermes",
+            # vLLM 0.32 on CPU dies ("CPU Generator does not use offset") when a request with
+            # its own `seed` has its prefill split over two steps: it rewinds the request's
+            # generator, which only CUDA generators allow. Whole prefills never split.
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens", str(self.max_model_len),
             *self.extra_args,
         ]  # fmt: skip
 
