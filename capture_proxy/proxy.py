@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from capture_contracts.vocabulary import (
     CANCELLED_BY_CLOSE,
@@ -38,6 +38,7 @@ from capture_proxy.capture import (
 from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
 from capture_proxy.metrics import CallTimer, Metrics
+from capture_proxy.responses import EventStreamResponse, JSONResponse
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -100,15 +101,6 @@ def _pass_on(
             entry.plan.replies.feed(chunk)
         out.append(_sse(scrub(chunk, wants)))
     return b"".join(out), False
-
-
-class JSONResponse(Response):
-    """A JSON answer serialised with orjson (starlette's uses the stdlib encoder)."""
-
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
 
 
 def _token_counts(generations: list[Generation]) -> tuple[int, int]:
@@ -333,9 +325,8 @@ class CaptureService:
             self._release(request_id)
             self.metrics.observe(entry.timer)
             return JSONResponse(body, status_code=response.status_code, headers=headers)
-        return StreamingResponse(
+        return EventStreamResponse(
             self._relay(entry, request_id, endpoint, response, wants, n),
-            media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
 

@@ -22,7 +22,8 @@ from capture_contracts.errors import CaptureError
 from capture_contracts.vocabulary import Endpoint
 from capture_proxy.api.error_response import error_response
 from capture_proxy.api.openai import handle_capture
-from capture_proxy.proxy import CaptureService, JSONResponse
+from capture_proxy.proxy import CaptureService
+from capture_proxy.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.json_body import read_json
 from capture_proxy.api.schemas import ID_PATTERN
 from capture_proxy.errors import BadRequest
+from capture_proxy.responses import EventStreamResponse
 
 Event = tuple[str, dict[str, Any]]
 _KEPT_HEADERS = ("x-capture-call-id", "x-capture-call-ids")
@@ -135,9 +136,8 @@ def translate(
     """The API's response for what ``CaptureService.handle`` answered."""
     headers = kept_headers(response)
     if isinstance(response, StreamingResponse):
-        return StreamingResponse(
+        return EventStreamResponse(
             _translated(response.body_iterator, stream(), render),
-            media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache"},
         )
     try:

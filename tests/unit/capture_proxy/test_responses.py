@@ -1,0 +1,88 @@
+"""EventStreamResponse: Starlette's streaming behaviour without its task group (issue 11)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from capture_proxy.responses import EventStreamResponse
+
+
+class _Server:
+    """An ASGI server's two ends for one request: ``receive`` answers ``http.disconnect`` when
+    the client hangs up or (as uvicorn does) once the response is complete."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.over = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        await self.over.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.over.set()
+
+
+async def test_a_disconnect_stops_the_stream_where_it_waits_and_runs_its_cleanup() -> None:
+    server = _Server()
+    cleaned = asyncio.Event()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 1\n\n"
+            await asyncio.Event().wait()  # the engine's next chunk never comes
+            yield b"data: 2\n\n"
+        finally:
+            cleaned.set()
+
+    response = EventStreamResponse(events(), headers={})
+    serving = asyncio.create_task(response({"type": "http"}, server.receive, server.send))
+    while len(server.sent) < 2:
+        await asyncio.sleep(0)
+    server.over.set()  # the client hangs up
+    await asyncio.wait_for(serving, 2)  # ends at once, without raising
+    assert cleaned.is_set()
+    assert [m.get("body") for m in server.sent] == [None, b"data: 1\n\n"]
+
+
+async def test_a_complete_stream_is_not_cancelled_by_the_servers_last_disconnect() -> None:
+    server = _Server()
+
+    async def events() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield f"data: {i}\n\n".encode()
+
+    response = EventStreamResponse(events(), headers={"x-a": "1"})
+    await response({"type": "http"}, server.receive, server.send)
+    await asyncio.sleep(0.01)  # the disconnect answered after completion cancels nothing
+    assert server.sent[0]["status"] == 200
+    assert (b"x-a", b"1") in server.sent[0]["headers"]
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in server.sent[0]["headers"]
+    bodies = [m["body"] for m in server.sent[1:]]
+    assert bodies == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert not asyncio.current_task().cancelling()  # type: ignore[union-attr]
+
+
+async def test_a_cancellation_from_elsewhere_still_propagates() -> None:
+    server = _Server()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        await asyncio.Event().wait()
+        yield b"never"  # pragma: no cover
+
+    response = EventStreamResponse(events(), headers={})
+    serving = asyncio.create_task(response({"type": "http"}, server.receive, server.send))
+    while len(server.sent) < 2:
+        await asyncio.sleep(0)
+    serving.cancel()  # e.g. the server shutting down
+    try:
+        await serving
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the shutdown's cancellation was swallowed")
