@@ -54,8 +54,12 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
 def prepare_upstream_body(
     endpoint: Endpoint, body: dict[str, Any], settings: UpstreamSettings
 ) -> tuple[dict[str, Any], ClientWants]:
-    """The body sent to the engine: token ids and logprobs requested, overrides applied."""
-    upstream = copy.deepcopy(body)
+    """The body sent to the engine: token ids and logprobs requested, overrides applied.
+
+    Only top-level keys are set, so a shallow copy keeps ``body`` as it came (a deep copy of
+    a harness's 50 kB request cost ~0.15 ms per call; nothing downstream mutates its parts).
+    """
+    upstream = dict(body)
     wants = ClientWants(
         logprobs=bool(body.get("logprobs")),
         token_ids=bool(body.get("return_token_ids")),
