@@ -235,9 +235,11 @@ async def run_load(
     return result, time.perf_counter() - start
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+def process_cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process (all its threads), or of one of its threads
+    (``thread=pid``: the main thread, which runs the event loop)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path, encoding="ascii") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks

@@ -7,7 +7,8 @@ store (the real processes and ``kill -9`` are in tests/integration/reliability/t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +18,23 @@ from capture_proxy.store.db import make_engine, make_sessionmaker
 from capture_proxy.store.leases import InstanceIdentity, InstanceLease
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
+from tests.fixtures.db import fresh_postgres_database, sqlite_url
 
 GEN = Generation([1, 2], [3], [-0.5], "stop")
 ADMISSION = Admission("chat", False, 1, "policy")
 
 StoreFactory = Callable[..., Store]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store of this test's own: any live instance's heartbeat sweeps every expired lease of
+    its store, so a proxy of another test on a shared database could sweep this test's."""
+    if request.param == "sqlite":
+        yield sqlite_url(tmp_path / "capture.db")
+        return
+    with fresh_postgres_database("capture_leases") as url:
+        yield url
 
 
 @pytest.fixture
