@@ -100,6 +100,7 @@ def plot_curves(
     draw.text((left, 8), title, fill="black")
     draw.text((right - 60, bottom + 22), "iteration", fill="black")
     colours = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14)]
+    colours += [(140, 86, 75), (227, 119, 194), (127, 127, 127), (23, 190, 207)]
     for n, (label, curve) in enumerate(curves.items()):
         colour = colours[n % len(colours)]
         points = [xy(i, v) for i, v in enumerate(curve)]
