@@ -12,10 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from capture_proxy.app import create_app
-from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
 from tests.fixtures import fake_engine
-from tests.fixtures.db import sqlite_url
+from tests.support.inproc import passthrough_settings, served
 
 
 class _Engine:
@@ -42,16 +40,7 @@ class _Engine:
 
 @contextlib.asynccontextmanager
 async def _client(tmp_path: Path, engine: _Engine) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    settings = Settings(
-        store=StoreSettings(url=sqlite_url(tmp_path / "capture.db")),
-        upstream=UpstreamSettings(url="http://engine"),
-        continuation="passthrough",
-    )
-    app = create_app(settings, upstream_transport=httpx.MockTransport(engine), migrate=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as http,
-    ):
+    async with served(passthrough_settings(tmp_path), engine) as (http, app):
         yield http, app.state.service
 
 

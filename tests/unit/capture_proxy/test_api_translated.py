@@ -16,12 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from capture_proxy.app import create_app
-from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
 from capture_proxy.translate import messages as tm
 from capture_proxy.translate import responses as tr
 from tests.fixtures import fake_engine
-from tests.fixtures.db import sqlite_url
+from tests.support.inproc import passthrough_settings, served
 
 SEEN: list[dict[str, Any]] = []
 
@@ -39,16 +37,7 @@ async def engine(request: httpx.Request) -> httpx.Response:
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     SEEN.clear()
-    settings = Settings(
-        store=StoreSettings(url=sqlite_url(tmp_path / "capture.db")),
-        upstream=UpstreamSettings(url="http://engine"),
-        continuation="passthrough",
-    )
-    app = create_app(settings, upstream_transport=httpx.MockTransport(engine), migrate=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as http,
-    ):
+    async with served(passthrough_settings(tmp_path), engine) as (http, _app):
         yield http
 
 

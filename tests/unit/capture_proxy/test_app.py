@@ -18,26 +18,14 @@ from sqlalchemy.engine import Engine
 
 from capture_contracts.bundle import SCHEMA, parse_bundle
 from capture_contracts.drift import bundle_drift, drift_report
-from capture_proxy.app import create_app
-from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
-from tests.fixtures import fake_engine
-from tests.fixtures.db import sqlite_url
+from tests.support.inproc import passthrough_settings, served
 
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(
-        store=StoreSettings(url=sqlite_url(tmp_path / "capture.db")),
-        upstream=UpstreamSettings(url="http://engine"),
-        continuation="passthrough",
-    )
-    app = create_app(settings, upstream_transport=fake_engine.transport(), migrate=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as http,
-    ):
+    async with served(passthrough_settings(tmp_path)) as (http, _app):
         yield http
 
 
