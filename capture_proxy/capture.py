@@ -57,7 +57,7 @@ def prepare_upstream_body(
     """The body sent to the engine: token ids and logprobs requested, overrides applied.
 
     Only top-level keys are set, so a shallow copy keeps ``body`` as it came (a deep copy of
-    a harness's 50 kB request cost ~0.15 ms per call; nothing downstream mutates its parts).
+    a harness's 50 kB request cost ~0.19 ms per call; nothing downstream mutates its parts).
     """
     upstream = dict(body)
     wants = ClientWants(

@@ -37,17 +37,30 @@ class EventStreamResponse(StreamingResponse):
         task = asyncio.current_task()
         assert task is not None
         hung_up = False
+        listening: asyncio.Future[Message] | None = None
+
+        def listen() -> None:
+            nonlocal listening
+            listening = asyncio.ensure_future(receive())
+            listening.add_done_callback(on_message)
 
         def on_message(future: asyncio.Future[Message]) -> None:
             nonlocal hung_up
-            if future.cancelled() or future.exception() is not None:
+            if future is not listening or future.cancelled() or future.exception() is not None:
                 return
-            if future.result()["type"] == "http.disconnect":
-                hung_up = True
-                task.cancel()
+            if future.result()["type"] != "http.disconnect":
+                listen()  # any other message: keep listening, as Starlette does
+                return
+            hung_up = True
+            task.cancel()
 
-        listening = asyncio.ensure_future(receive())
-        listening.add_done_callback(on_message)
+        def stop_listening() -> None:
+            nonlocal listening
+            if listening is not None:
+                future, listening = listening, None
+                future.cancel()
+
+        listen()
         body: AsyncIterator[bytes] = self.body_iterator  # type: ignore[assignment]
         try:
             start = {"status": self.status_code, "headers": self.raw_headers}
@@ -56,15 +69,14 @@ class EventStreamResponse(StreamingResponse):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             # The server answers receive() with a disconnect once the response is complete too:
             # stop listening before the last write.
-            listening.remove_done_callback(on_message)
+            stop_listening()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not hung_up or task.uncancel() > 0:  # cancelled by someone else too: go on
                 raise
             # The client left: the stream ends here, as Starlette's does.
         finally:
-            listening.remove_done_callback(on_message)
-            listening.cancel()
+            stop_listening()
             close = getattr(body, "aclose", None)
             if close is not None:
                 await asyncio.shield(close())

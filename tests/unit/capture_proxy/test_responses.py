@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from capture_proxy.responses import EventStreamResponse
 
 
@@ -13,11 +15,15 @@ class _Server:
     """An ASGI server's two ends for one request: ``receive`` answers ``http.disconnect`` when
     the client hangs up or (as uvicorn does) once the response is complete."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: dict[str, Any] | None = None) -> None:
         self.sent: list[dict[str, Any]] = []
         self.over = asyncio.Event()
+        self.first = first  # a message answered before anything else (not a disconnect)
 
     async def receive(self) -> dict[str, Any]:
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
         await self.over.wait()
         return {"type": "http.disconnect"}
 
@@ -27,8 +33,11 @@ class _Server:
             self.over.set()
 
 
-async def test_a_disconnect_stops_the_stream_where_it_waits_and_runs_its_cleanup() -> None:
-    server = _Server()
+@pytest.mark.parametrize("first", [None, {"type": "http.request", "body": b"", "more_body": False}])
+async def test_a_disconnect_stops_the_stream_where_it_waits_and_runs_its_cleanup(
+    first: dict[str, Any] | None,
+) -> None:
+    server = _Server(first)  # another message first: the response goes on listening
     cleaned = asyncio.Event()
 
     async def events() -> AsyncIterator[bytes]:
