@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,9 +193,7 @@ class CaptureService:
             # The engine starts on the call while its admission commits, so the commit (an
             # fsync with the default store settings) is not on the call's path. A refused
             # admission aborts the engine's request; nothing but the refusal is answered.
-            sending = asyncio.create_task(
-                timer.upstream(self._send(plan, endpoint, upstream_body, stream))
-            )
+            sending = asyncio.create_task(self._send(timer, plan, endpoint, upstream_body, stream))
             call_ids = await self.store.admit(
                 episode_id,
                 Admission(
@@ -230,13 +228,25 @@ class CaptureService:
             self._release(request_id)
             raise
 
-    def _send(
-        self, plan: Plan, endpoint: Endpoint, upstream_body: dict[str, Any], stream: bool
-    ) -> Awaitable[Any]:
-        """The engine's answer (a whole reply), or its stream once its headers came."""
+    async def _send(
+        self,
+        timer: CallTimer,
+        plan: Plan,
+        endpoint: Endpoint,
+        upstream_body: dict[str, Any],
+        stream: bool,
+    ) -> Any:
+        """The engine's answer (a whole reply), or its stream once its headers came.
+
+        Its own coroutine, so that a task of it cancelled before it ran (an admission refused
+        at once) leaves no request to the engine begun, nor a coroutine never awaited."""
         if stream:
-            return self.continuations.open_stream(plan, PATHS[endpoint], upstream_body)
-        return self.continuations.post_json(plan, PATHS[endpoint], upstream_body)
+            return await timer.upstream(
+                self.continuations.open_stream(plan, PATHS[endpoint], upstream_body)
+            )
+        return await timer.upstream(
+            self.continuations.post_json(plan, PATHS[endpoint], upstream_body)
+        )
 
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):

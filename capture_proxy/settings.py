@@ -61,9 +61,10 @@ class StoreSettings(BaseModel):
     echo: bool = False
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL",
-        description="What a committed call survives on SQLite (WAL): FULL (default) fsyncs every "
-        "commit — a process crash and a power loss; NORMAL syncs at checkpoints only — a process "
-        "crash, not a power loss. Responses are released after the commit either way.",
+        description="What a completed call survives on SQLite (WAL): FULL (default) fsyncs "
+        "every commit holding a completion or a failure — a process crash and a power loss "
+        "(admissions alone are synced by the next such commit); NORMAL syncs at checkpoints only "
+        "— a process crash, not a power loss. Responses are released after the commit either way.",
     )
     max_batch: int = Field(
         256, ge=1, description="Most operations the store writer commits in one transaction."

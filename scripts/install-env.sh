@@ -22,13 +22,14 @@ if [ "$("$opencode_dir/node_modules/.bin/opencode" --version 2>/dev/null || true
     npm install --silent --no-audit --no-fund --prefix "$opencode_dir" "opencode-ai@$opencode_version"
 fi
 "$opencode_dir/node_modules/.bin/opencode" --version | sed 's/^/[install-env] ok: opencode /'
-# Headless Chromium and its driver (Debian packages) for the episode viewer's browser tests.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
-    echo "[install-env] chromium and chromium-driver (apt-get)"
+# Headless Chromium and its driver (Debian packages) for the episode viewer's browser tests;
+# strace for the store's durability test (which commits sync the disk).
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/strace ]; then
+    echo "[install-env] chromium, chromium-driver and strace (apt-get)"
     sudo=()
     [ "$(id -u)" = 0 ] || sudo=(sudo)
     "${sudo[@]}" apt-get update -q
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q chromium chromium-driver
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q chromium chromium-driver strace
 fi
 /usr/bin/chromium --version | sed 's/^/[install-env] ok: /'
 # Claude Code and the Codex CLI (issue 13) for the harness tests, pinned, project-local like

@@ -205,11 +205,12 @@ def call_tokens(db: Db, call_id: str) -> tuple[bytes, bytes]:
 
 
 def chat_calls_since(
-    db: Db, episode_id: str, agent_id: str | None, since: int
+    db: Db, episode_id: str, agent_id: str | None, since: int, limit: int | None = None
 ) -> list[tuple[str, int, str, Any, str | None]]:
+    """The first ``limit`` (all: None) of them."""
     agent = "agent_id IS NULL" if agent_id is None else "agent_id = :agent_id"
+    sql = _CHAT_CALLS_SINCE.format(agent=agent) + ("" if limit is None else " LIMIT :limit")
     rows = db.rows(
-        _CHAT_CALLS_SINCE.format(agent=agent),
-        {"episode_id": episode_id, "agent_id": agent_id, "since": since},
+        sql, {"episode_id": episode_id, "agent_id": agent_id, "since": since, "limit": limit}
     )
     return [(r[0], int(r[1]), r[2], db.loads(r[3]), r[4]) for r in rows]

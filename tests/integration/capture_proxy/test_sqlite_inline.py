@@ -1,0 +1,100 @@
+"""SQLite: what the capture path does at once on the event loop's thread, and what it leaves to
+the writer thread (store/writer.py, ``_SqliteInline``), on a real store file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from capture_proxy.errors import Conflict
+from capture_proxy.store.db import make_engine, make_sessionmaker
+from capture_proxy.store.leases import InstanceIdentity
+from capture_proxy.store.records import Admission, ContinuationRecord, Generation
+from capture_proxy.store.repository import Store
+from capture_proxy.store.writer import INLINE_READ_ROWS
+from tests.fixtures.db import sqlite_url
+
+GEN = Generation([1, 2, 3], [4], [-0.5], "stop", reply_hash="r")
+
+
+def _store(path: Path) -> Store:
+    return Store(make_sessionmaker(make_engine(sqlite_url(path))), identity=InstanceIdentity.new())
+
+
+def _thread_of(db: object) -> int:
+    return threading.get_ident()
+
+
+async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path / "capture.db")
+    writer = store.writer
+    here = threading.get_ident()
+    ep = (await store.create_episode("inline")).episode_id
+    await writer._run(_thread_of)  # the writer thread runs (and has set WAL mode)
+    assert await writer._run(_thread_of, synced=False) == here  # at once, on this thread
+    assert await writer._run(_thread_of) != here  # a synced commit: the writer thread
+    record = ContinuationRecord(stitched=False, mode="stitch", messages=1, prefix_hash="p")
+    [call] = await store.admit(ep, Admission("chat", False, 1, "policy", "a", continuation=record))
+    assert await store.complete(ep, [call], [GEN])
+    [found] = await store.chat_calls_since(ep, "a", 0)  # read at once: the commit is visible
+    assert (found.call_id, found.reply_hash) == (call, "r")
+    [info] = await store.list_calls(ep)
+    assert (info.status, info.admitted_seq, info.completed_seq) == ("completed", 1, 2)
+    await store.aclose()
+
+
+async def test_a_held_write_lock_sends_the_admission_to_the_writer_thread(tmp_path: Path) -> None:
+    """Another process writing: the admission waits in the writer thread, not on the loop."""
+    path = tmp_path / "capture.db"
+    store = _store(path)
+    ep = (await store.create_episode("inline")).episode_id
+    await store.writer._run(_thread_of)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the write lock, as another proxy process's batch holds it
+    admitting = asyncio.create_task(store.admit(ep, Admission("chat", False, 1, "policy", "a")))
+    began = time.monotonic()
+    await asyncio.sleep(0.3)  # the loop runs meanwhile
+    assert time.monotonic() - began < 0.6 and not admitting.done()
+    other.execute("COMMIT")
+    other.close()
+    [call] = await asyncio.wait_for(admitting, 30)
+    [info] = await store.list_calls(ep)
+    assert (info.call_id, info.status) == (call, "admitted")
+    await store.aclose()
+
+
+async def test_a_read_of_many_rows_is_left_to_the_writer_thread(tmp_path: Path) -> None:
+    store = _store(tmp_path / "capture.db")
+    ep = (await store.create_episode("inline")).episode_id
+    record = ContinuationRecord(stitched=False, mode="stitch", messages=1, prefix_hash="p")
+    admission = Admission("chat", False, 1, "policy", "a", continuation=record)
+    calls = []
+    for _ in range(INLINE_READ_ROWS + 5):
+        [call] = await store.admit(ep, admission)
+        assert await store.complete(ep, [call], [GEN])
+        calls.append(call)
+    found = await store.chat_calls_since(ep, "a", 0)
+    assert [c.call_id for c in found] == calls  # all of them, in completion order
+    assert [c.call_id for c in await store.chat_calls_since(ep, "a", found[-3].completed_seq)] == (
+        calls[-2:]
+    )
+    await store.aclose()
+
+
+async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(tmp_path: Path) -> None:
+    store = _store(tmp_path / "capture.db")
+    ep = (await store.create_episode("inline")).episode_id
+    await store.writer._run(_thread_of)
+    await store.begin_close(ep, 1.0, {})
+    with pytest.raises(Conflict):
+        await store.admit(ep, Admission("chat", False, 1, "policy", "a"))
+    ep2 = (await store.create_episode("inline")).episode_id  # the write lock was let go
+    assert await store.admit(ep2, Admission("chat", False, 1, "policy", "a"))
+    await store.aclose()
