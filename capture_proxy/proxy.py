@@ -38,7 +38,7 @@ from capture_proxy.capture import (
 from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
 from capture_proxy.metrics import CallTimer, Metrics
-from capture_proxy.responses import EventStreamResponse, JSONResponse
+from capture_proxy.responses import EventStreamResponse, JSONResponse, LastChunk
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -349,13 +349,19 @@ class CaptureService:
         wants: ClientWants,
         n: int,
     ) -> AsyncIterator[bytes]:
-        """Pass the engine's chunks through while capturing tokens; [DONE] only after commit."""
+        """Pass the engine's chunks through while capturing tokens; [DONE] only after commit.
+
+        The chunks that came with the engine's [DONE] go out with ours, after the commit, in
+        the response's last write (a stream that arrives whole is one write, not four)."""
         capture = StreamCapture(endpoint, n)
         settled = done = False
+        tail = b""
         try:
             async for events in entry.timer.upstream_chunks(sse_batches(response)):
                 out, done = _pass_on(events, entry, capture, wants)
-                if out:
+                if done:
+                    tail = out
+                elif out:
                     yield out
                 if entry.cancelled.is_set():
                     raise UpstreamError("cancelled by close")
@@ -366,20 +372,22 @@ class CaptureService:
             generations = self.continuations.replies(entry.plan, capture.generations())
             if await self._complete(entry, generations):
                 settled = True
-                yield b"data: [DONE]\n\n"
+                yield LastChunk(tail + b"data: [DONE]\n\n")
             else:
                 settled = True
-                yield _sse(Conflict(_RESOLVED_MEANWHILE, code="call_resolved").to_body())
+                conflict = Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
+                yield LastChunk(tail + _sse(conflict.to_body()))
         except (CaptureProxyError, ValueError) as exc:
             settled = True
             if entry.cancelled.is_set():
                 await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
-                yield _sse(Conflict("the episode was closed; this call was cancelled").to_body())
+                closed = Conflict("the episode was closed; this call was cancelled")
+                yield LastChunk(tail + _sse(closed.to_body()))
             else:
                 message = exc.message if isinstance(exc, CaptureProxyError) else str(exc)
                 await self._fail(entry, "failed", f"{type(exc).__name__}: {message}")
                 error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
-                yield _sse(error.to_body())
+                yield LastChunk(tail + _sse(error.to_body()))
         finally:
             self._release(request_id)
             self.metrics.observe(entry.timer)

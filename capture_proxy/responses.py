@@ -27,8 +27,14 @@ class JSONResponse(Response):
         return orjson.dumps(content)
 
 
+class LastChunk(bytes):
+    """A stream's last bytes: they end the response, in the same write (no empty final one)."""
+
+
 class EventStreamResponse(StreamingResponse):
-    """``text/event-stream`` from an async iterator of bytes, each item one write."""
+    """``text/event-stream`` from an async iterator of bytes, each item one write; after a
+    :class:`LastChunk` the response is complete and the iterator is closed (its cleanup runs
+    after the client has the whole answer)."""
 
     def __init__(self, content: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
         super().__init__(content, media_type="text/event-stream", headers=headers)
@@ -65,12 +71,16 @@ class EventStreamResponse(StreamingResponse):
         try:
             start = {"status": self.status_code, "headers": self.raw_headers}
             await send({"type": "http.response.start", **start})
+            last = b""
             async for chunk in body:
+                if isinstance(chunk, LastChunk):
+                    last = bytes(chunk)
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             # The server answers receive() with a disconnect once the response is complete too:
             # stop listening before the last write.
             stop_listening()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": last, "more_body": False})
         except asyncio.CancelledError:
             if not hung_up or task.uncancel() > 0:  # cancelled by someone else too: go on
                 raise

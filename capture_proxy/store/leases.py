@@ -61,6 +61,8 @@ _REVIVE = (
 )
 # A no-op update: takes the row's lock (PostgreSQL) and tells whether the lease still holds.
 _HOLDS = "UPDATE instances SET state = 'live' WHERE instance_id = :instance_id AND state = 'live'"
+# The same under a store-wide write lock (SQLite), without rewriting the row's page.
+_HOLDS_READ = "SELECT 1 FROM instances WHERE instance_id = :instance_id AND state = 'live'"
 _SAME_NAME = (
     "SELECT instance_id FROM instances WHERE name = :name AND state = 'live'"
     " AND instance_id <> :instance_id"
@@ -159,7 +161,8 @@ def heartbeat(db: Db, me: InstanceIdentity, lease_s: float) -> Resolved:
 
 def hold(db: Db, me: InstanceIdentity, lease_s: float) -> bool:
     """In an admission's transaction: False when the lease had been lost (it is taken anew)."""
-    if db.run(_HOLDS, {"instance_id": me.instance_id}) == 1:
+    mine = {"instance_id": me.instance_id}
+    if (db.run(_HOLDS, mine) == 1) if db.row_locks else bool(db.rows(_HOLDS_READ, mine)):
         return True
     return not _take_anew(db, me, db.clock() + lease_s)
 

@@ -60,6 +60,10 @@ _CHAT_CALLS_SINCE = (
 class Db(Protocol):
     """What an operation needs of the open transaction."""
 
+    #: Whether rows are locked one by one (PostgreSQL), or the whole store by a writing
+    #: transaction (SQLite's ``BEGIN IMMEDIATE``: reading a row is as good as locking it).
+    row_locks: bool
+
     def rows(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]: ...
 
     def run(self, sql: str, params: dict[str, Any]) -> int: ...

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from capture_proxy.responses import EventStreamResponse
+from capture_proxy.responses import EventStreamResponse, LastChunk
 
 
 class _Server:
@@ -95,3 +95,24 @@ async def test_a_cancellation_from_elsewhere_still_propagates() -> None:
         pass
     else:
         raise AssertionError("the shutdown's cancellation was swallowed")
+
+
+async def test_a_last_chunk_completes_the_response_in_its_own_write_then_cleans_up() -> None:
+    """The capture path's [DONE] (with the chunks that came with the engine's) is the last write;
+    the iterator's cleanup (reading the engine's stream end) runs after the client has it all."""
+    server = _Server()
+    order: list[str] = []
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 0\n\n"
+            yield LastChunk(b"data: 1\n\ndata: [DONE]\n\n")
+            order.append("went on after the last chunk")
+        finally:
+            order.append(f"cleanup, response complete: {server.over.is_set()}")
+
+    response = EventStreamResponse(events(), headers={})
+    await response({"type": "http"}, server.receive, server.send)
+    bodies = [(m["body"], m["more_body"]) for m in server.sent[1:]]
+    assert bodies == [(b"data: 0\n\n", True), (b"data: 1\n\ndata: [DONE]\n\n", False)]
+    assert order == ["cleanup, response complete: True"]
