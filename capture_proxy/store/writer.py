@@ -25,9 +25,11 @@ concurrent sweep is ending.
   episode-id order: two processes' batches over the same episodes then queue behind each other
   instead of deadlocking (each taking the episodes in its own arrival order, A then B against B
   then A, deadlocked within seconds under load and failed whole batches: 500s). A batch of one
-  episode needs no such lock (its first update takes the row), and a batch of reads runs
-  without a transaction (one statement each): round trips to the server are most of this
-  executor's cost, ~0.1 ms of CPU each.
+  episode needs no such lock (its first update takes the row), a batch of reads runs without a
+  transaction (one statement each), and a batch of one lone call's admission or completion runs
+  as one statement (``operations.admit_at_once`` / ``complete_at_once``: a data-modifying WITH,
+  atomic by itself; when it cannot do it, it changes nothing and the transaction's form does):
+  round trips to the server are most of this executor's cost, ~0.1 ms of CPU each.
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
 ``FULL`` (the default) syncs the WAL to disk at every commit that holds a completion, a failure
@@ -96,6 +98,8 @@ class _Op:
     leased: bool = False  # needs this instance's lease to hold (admissions)
     isolated: bool = False  # may be refused after writing: runs in a savepoint
     episode_id: str | None = None  # the episode whose rows it changes (locked first, in order)
+    #: Its one-statement form (PostgreSQL, for a batch of this one operation), or None.
+    at_once: Callable[[Db], Any] | None = None
 
 
 @dataclass(slots=True)
@@ -518,6 +522,13 @@ class _AsyncWriter:
         raw = await held.get_raw_connection()
         connection: Any = raw.driver_connection  # asyncpg's
         db = _PgDb(connection)
+        if len(batch) == 1 and batch[0].at_once is not None:  # one statement, atomic by itself
+            try:
+                value = await greenlet_spawn(batch[0].at_once, db)
+            except operations.NotAtOnce:
+                pass  # (it changed nothing): the transaction's form below
+            else:
+                return [_Outcome(value)]
         if not any(op.writes for op in batch):  # reads, one statement each: no transaction
             reads: list[_Outcome] = await greenlet_spawn(
                 _apply_batch, db, batch, db.savepoint, None
@@ -594,9 +605,12 @@ class Writer:
         leased: bool = False,
         isolated: bool = False,
         episode_id: str | None = None,
+        at_once: Callable[[Db], Any] | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        op = _Op(apply, loop, loop.create_future(), writes, synced, leased, isolated, episode_id)
+        op = _Op(
+            apply, loop, loop.create_future(), writes, synced, leased, isolated, episode_id, at_once
+        )
         sqlite = self._sqlite
         if self._inline is not None and sqlite is not None and sqlite.idle and not synced:
             # at once when the writer thread has nothing to do (else with its next batch)
@@ -619,11 +633,19 @@ class Writer:
 
     async def admit(self, episode_id: str, admission: Admission, call_ids: list[str]) -> list[str]:
         instance_id = None if self.identity is None else self.identity.instance_id
+        at_once = None
+        if len(call_ids) == 1 and self._async is not None:
+            [call_id] = call_ids
+
+            def at_once(db: Db) -> list[str]:
+                return operations.admit_at_once(db, episode_id, admission, call_id, instance_id)
+
         result: list[str] = await self._run(
             lambda db: operations.admit(db, episode_id, admission, call_ids, instance_id),
             synced=False,  # nothing is promised of a call until its completion commits
             leased=self.identity is not None,
             episode_id=episode_id,
+            at_once=at_once,
         )
         return result
 
@@ -637,10 +659,19 @@ class Writer:
         """The completion sequence numbers, or None when a call was no longer admitted."""
         if len(call_ids) != len(generations):
             raise StoreError(f"{len(call_ids)} calls but {len(generations)} generations")
+        at_once = None
+        if len(call_ids) == 1 and self._async is not None:
+
+            def at_once(db: Db) -> list[int] | None:
+                return operations.complete_at_once(
+                    db, episode_id, call_ids[0], generations[0], base_call_id
+                )
+
         result: list[int] | None = await self._run(
             lambda db: operations.complete(db, episode_id, call_ids, generations, base_call_id),
             isolated=len(call_ids) > 1,  # all choices are recorded, or none
             episode_id=episode_id,
+            at_once=at_once,
         )
         return result
 

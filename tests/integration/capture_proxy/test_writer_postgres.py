@@ -12,11 +12,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from capture_proxy.errors import Conflict, NotFound
+from capture_proxy.store import leases, operations
 from capture_proxy.store.db import make_engine, make_sessionmaker
-from capture_proxy.store.records import Admission
+from capture_proxy.store.leases import InstanceIdentity
+from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
 
 ADMISSION = Admission("chat", False, 1, "policy")
@@ -105,3 +109,106 @@ async def test_a_close_marking_a_call_does_not_deadlock_with_its_completion(
             await s.aclose()
         await watcher.dispose()
         await holder.dispose()
+
+
+_ROW = (
+    "SELECT call_id, request_id, choice_index, endpoint, stream, agent_id, parent_agent_id, role,"
+    " status, admitted_seq, completed_seq, finish_reason, model, prompt_token_ids,"
+    " completion_token_ids, completion_logprobs, prompt_tokens, completion_tokens,"
+    " usage::text, continuation::text, reply_hash, token_prefix, instance_id, weight_version,"
+    " constraint_kind, admitted_at IS NOT NULL, completed_at IS NOT NULL"
+    " FROM calls WHERE call_id = :c"
+)
+
+
+async def test_a_lone_call_in_one_statement_is_recorded_as_by_the_transaction(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of one admission or one completion runs as one statement (no transaction around
+    it: one round trip); two calls recorded the two ways hold the same row, field by field —
+    the lease checked, the episode's numbers taken, the drift summary (a base call's tokens a
+    prefix of the prompt, or not) computed by the server as the operation computes it."""
+
+    engine = make_engine(postgres_url)
+    me = InstanceIdentity.new()
+    store = Store(make_sessionmaker(engine), identity=me)
+    await store.writer.lease_op(lambda db: leases.register(db, me, 15.0))
+    writer = store.writer
+    ep = (await store.create_episode("g")).episode_id
+    record = ContinuationRecord(stitched=False, mode="stitch", messages=2, prefix_hash="p")
+    admission = Admission("chat", True, 1, "policy", "a", "parent", "m", record, 3, "json")
+    [base] = await store.admit(ep, admission)
+    assert await store.complete(ep, [base], [Generation([1, 2], [3], [-0.5], "stop")])
+    gen = Generation([1, 2, 3, 9], [4, 5], [-0.25, -1.5], "length", {"total": 6}, "rh")
+    other = Generation([7, 2, 3, 9], [4], [-0.25], "stop")
+    iid = me.instance_id
+    transaction_forms = operations.admit, operations.complete
+
+    def not_by_a_transaction(*args: object) -> None:
+        raise AssertionError("a lone call went through the transaction's form")
+
+    seqs, calls = [], []
+    for how, g in (("at once", gen), ("transaction", gen), ("at once", other), ("tx", other)):
+        if how == "at once":  # through the store, as the capture path: one statement each
+            monkeypatch.setattr(operations, "admit", not_by_a_transaction)
+            monkeypatch.setattr(operations, "complete", not_by_a_transaction)
+            [call] = await store.admit(ep, admission)
+            completed = await writer.complete(ep, [call], [g], base)
+            monkeypatch.setattr(operations, "admit", transaction_forms[0])
+            monkeypatch.setattr(operations, "complete", transaction_forms[1])
+        else:
+            call = f"call-{len(seqs)}"
+            assert await writer._run(
+                lambda db, c=call: operations.admit(db, ep, admission, [c], iid)
+            ) == [call]
+            completed = await writer._run(
+                lambda db, c=call, g=g: operations.complete(db, ep, [c], [g], base)
+            )
+        calls.append(call)
+        seqs.append(completed)
+    async with engine.connect() as conn:
+        rows = [(await conn.execute(text(_ROW), {"c": c})).one() for c in calls]
+    assert seqs == [[4], [6], [8], [10]]  # admissions and completions numbered in turn
+    for at_once, tx in ((rows[0], rows[1]), (rows[2], rows[3])):
+        strip = (0, 1, 9, 10)  # ids and sequence numbers differ; the rest is the same
+        assert [v for i, v in enumerate(at_once) if i not in strip] == [
+            v for i, v in enumerate(tx) if i not in strip
+        ]
+    assert (rows[0].token_prefix, rows[2].token_prefix) == (True, False)
+    assert rows[0].prompt_token_ids == operations.pack_ids([1, 2, 3, 9])
+    await store.aclose()
+    await engine.dispose()
+
+
+async def test_a_lone_admission_under_a_lost_lease_or_into_a_closed_episode(
+    postgres_url: str,
+) -> None:
+    """The one statement admits nothing; the transaction then answers as ever: the lease is
+    taken anew (and the call admitted), a closed episode refuses, a missing one is not found."""
+    engine = make_engine(postgres_url)
+    me = InstanceIdentity.new()
+    store = Store(make_sessionmaker(engine), identity=me)
+    await store.writer.lease_op(lambda db: leases.register(db, me, 15.0))
+    ep = (await store.create_episode("g")).episode_id
+    async with engine.begin() as conn:  # another instance's sweep ended this lease
+        await conn.execute(
+            text("UPDATE instances SET state = 'expired' WHERE instance_id = :i"),
+            {"i": me.instance_id},
+        )
+    [call] = await store.admit(ep, ADMISSION)
+    async with engine.connect() as conn:
+        state = (
+            await conn.execute(
+                text("SELECT state FROM instances WHERE instance_id = :i"), {"i": me.instance_id}
+            )
+        ).scalar_one()
+        owner_sql = text("SELECT instance_id FROM calls WHERE call_id = :c")
+        owner = (await conn.execute(owner_sql, {"c": call})).scalar_one()
+    assert (state, owner) == ("live", me.instance_id)
+    await store.begin_close(ep, 1.0, {})
+    with pytest.raises(Conflict):
+        await store.admit(ep, ADMISSION)
+    with pytest.raises(NotFound):  # an id longer than the column's finds no episode (the fuzz)
+        await store.admit("0" * 201, ADMISSION)
+    await store.aclose()
+    await engine.dispose()
