@@ -134,15 +134,25 @@ class _SocketResponse:
         self._parser.feed(data)
         return True
 
+    def _take(self) -> bytes:
+        """The body pieces parsed so far, as one: what one read brought is handed on at once
+        (an engine's stream that came whole is one piece, not one per chunk of its encoding)."""
+        chunks = self._parser.chunks
+        if len(chunks) == 1:
+            return chunks.popleft()
+        taken = b"".join(chunks)
+        chunks.clear()
+        return taken
+
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         try:
             while True:
-                while self._parser.chunks:
-                    yield self._parser.chunks.popleft()
+                if self._parser.chunks:
+                    yield self._take()
                 if not await self._fill():
                     break
-            while self._parser.chunks:
-                yield self._parser.chunks.popleft()
+            if self._parser.chunks:
+                yield self._take()
         except GeneratorExit:  # left early by its reader: finish() or aclose() decides
             raise
         except BaseException:

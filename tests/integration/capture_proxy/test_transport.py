@@ -20,8 +20,9 @@ _EVENTS = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
 
 
 class _Server:
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = False) -> None:
         self.connections = 0
+        self.whole = whole  # the whole stream in one write (an engine that had it all at once)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -38,8 +39,11 @@ class _Server:
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                     b"transfer-encoding: chunked\r\n\r\n"
                 )
-                for event in _EVENTS:
-                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                framed = [b"%x\r\n%s\r\n" % (len(event), event) for event in _EVENTS]
+                if self.whole:
+                    writer.write(b"".join(framed))
+                for piece in [] if self.whole else framed:
+                    writer.write(piece)
                     await writer.drain()
                     await asyncio.sleep(0.01)  # each event its own write, like a token
                 writer.write(b"0\r\n\r\n")  # the chunked end, after [DONE]
@@ -87,3 +91,23 @@ async def test_a_stream_left_early_closes_its_connection(server: tuple[_Server, 
     await _read_until_done(transport)
     assert state.connections == 2
     await transport.aclose()
+
+
+async def test_what_one_read_brought_is_handed_on_as_one_piece() -> None:
+    """Chunks of the transfer encoding that came in one read are one piece for the relay (one
+    write to the harness), not one each; chunks that came apart stay apart (each token on its
+    way at once)."""
+    pieces = {}
+    for whole in (True, False):
+        state = _Server(whole=whole)
+        listener = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        async with listener:
+            transport = SocketTransport(
+                f"http://127.0.0.1:{port}", connect_timeout_s=5, read_timeout_s=5
+            )
+            response = await transport.send("POST", "/v1/chat/completions", b"{}")
+            pieces[whole] = [piece async for piece in response.aiter_bytes()]
+            await transport.aclose()
+    assert pieces[True] == [b"".join(_EVENTS)]
+    assert pieces[False] == _EVENTS
