@@ -11,9 +11,11 @@ of the loss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -49,6 +51,19 @@ def _command(out: Path) -> list[str]:
     ]
 
 
+def _calls_of_iteration(out: Path, iteration: int) -> int:
+    """Calls admitted so far into the episodes of an iteration (the run's own store)."""
+    path = out / "capture.db"
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(path, timeout=10)) as db:
+        found = db.execute(
+            "SELECT count(*) FROM calls JOIN episodes USING (episode_id) WHERE group_id = ?",
+            (f"iter-{iteration:04d}",),
+        ).fetchone()
+    return int(found[0])
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("train") / "out"
@@ -58,11 +73,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     )
     try:
         deadline = time.monotonic() + 600
-        while len(read_records(out)) < 2:  # iteration 2 has started
+        # Inside iteration 2's episodes: a call of one of them is in the store (a fixed wait
+        # after iteration 1's record let a fast machine finish iteration 2 first).
+        while len(read_records(out)) < 2 or _calls_of_iteration(out, 2) == 0:
             assert first.poll() is None, (out.parent / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "two iterations took more than 10 minutes"
-            time.sleep(0.5)
-        time.sleep(3.0)  # inside iteration 2's episodes
+            time.sleep(0.05)
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 130
     finally:
