@@ -66,6 +66,8 @@ def main(argv: list[str]) -> int:
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
+        # Below info the access log is dropped anyway, after uvicorn has formatted its fields.
+        access_log=args.log_level.lower() in ("trace", "debug", "info"),
         timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=5,
     )
