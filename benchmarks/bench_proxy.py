@@ -12,7 +12,7 @@ for every concurrency runs, interleaved: direct (the stub), the proxy non-stream
 streaming — 16 episodes round robin, one agent each. Per target: requests/s, p50/p99 latency and,
 for the proxy, CPU per call (the proxy process's user + system time over the calls it served, the
 durable commit included) and RSS. ``--long N``: N sequential calls of one agent (labelled, then
-unlabelled) and the CPU of the last 50 vs calls 10–60. ``--memory N``: RSS after 1,000 vs N calls.
+unlabelled) and the CPU of the last 200 vs calls 10–210. ``--memory N``: RSS after 1,000 vs N calls.
 ``--peer``: also the Agent Lightning 1.0.2 gateway (benchmarks/peer_agl.py, its own Python 3.12
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
@@ -150,19 +150,24 @@ async def _sequential(port: int, path: str, n: int, headers: Sequence[tuple[str,
     await conn.close()
 
 
+#: Calls per window of the long-episode mode: the process's CPU is read in clock ticks (10 ms),
+#: so a window of 50 calls (~60 ms) measured a call's cost only to ±17 %; 200 calls: ±4 %.
+LONG_WINDOW = 200
+
+
 def long_episode(proxy_url: str, port: int, pid: int, n: int, labelled: bool) -> dict[str, Any]:
-    """CPU per call early (calls 10–60) and late (the last 50) in one agent's long episode."""
+    """CPU per call early (calls 10–210) and late (the last 200) in one agent's long episode."""
     (episode,) = _episodes(proxy_url, 1)
     path = f"/episodes/{episode}/v1/chat/completions"
     headers = [("x-agent-id", "agent")] if labelled else []
     asyncio.run(_sequential(port, path, 10, headers))
     cpu0 = process_cpu_s(pid)
-    asyncio.run(_sequential(port, path, 50, headers))
-    early = (process_cpu_s(pid) - cpu0) / 50
-    asyncio.run(_sequential(port, path, n - 110, headers))
+    asyncio.run(_sequential(port, path, LONG_WINDOW, headers))
+    early = (process_cpu_s(pid) - cpu0) / LONG_WINDOW
+    asyncio.run(_sequential(port, path, n - 10 - 2 * LONG_WINDOW, headers))
     cpu1 = process_cpu_s(pid)
-    asyncio.run(_sequential(port, path, 50, headers))
-    late = (process_cpu_s(pid) - cpu1) / 50
+    asyncio.run(_sequential(port, path, LONG_WINDOW, headers))
+    late = (process_cpu_s(pid) - cpu1) / LONG_WINDOW
     return {"calls": n, "early_ms": 1000 * early, "late_ms": 1000 * late, "ratio": late / early}
 
 
