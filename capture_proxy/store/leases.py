@@ -20,8 +20,9 @@ Completed calls are never touched. Sweeping is a conditional update (``WHERE sta
 taken while it was still alive (a heartbeat late by more than the lease) finds out at its next
 heartbeat or admission, logs it and takes a new lease; the calls already resolved stay resolved
 (their completions are refused and the harness is told). Admissions check the instance's own
-lease in their transaction (an update of its row, which PostgreSQL locks), so a call is never
-admitted under a lease that a concurrent sweep is ending.
+lease in their transaction (on PostgreSQL an update of its row, which locks it — in the same
+statement as the admission when it is one; on SQLite a read, under the store-wide write lock),
+so a call is never admitted under a lease that a concurrent sweep is ending.
 """
 
 from __future__ import annotations
