@@ -213,25 +213,28 @@ def admit_at_once(
     return [call_id]
 
 
-def complete_at_once(
-    db: Db, episode_id: str, call_id: str, gen: Generation, base_call_id: str | None
-) -> list[int] | None:
-    """``complete`` of one call in one statement (PostgreSQL)."""
-    prompt = pack_ids(gen.prompt_token_ids)
-    sql = _COMPLETE_AT_ONCE.format(prefix="NULL" if base_call_id is None else _BASE_IS_PREFIX)
-    params: dict[str, Any] = {
-        "episode_id": episode_id,
+def _completed(db: Db, call_id: str, gen: Generation, now: Any) -> dict[str, Any]:
+    """A completion's values (``prompt``: the packed prompt ids)."""
+    return {
         "call_id": call_id,
         "finish_reason": gen.finish_reason,
-        "prompt": prompt,
+        "prompt": pack_ids(gen.prompt_token_ids),
         "completion": pack_ids(gen.completion_token_ids),
         "logprobs": pack_logprobs(gen.completion_logprobs),
         "prompt_tokens": len(gen.prompt_token_ids),
         "completion_tokens": len(gen.completion_token_ids),
         "usage": None if gen.usage is None else db.json(gen.usage),
         "reply_hash": gen.reply_hash,
-        "now": db.now(),
+        "now": now,
     }
+
+
+def complete_at_once(
+    db: Db, episode_id: str, call_id: str, gen: Generation, base_call_id: str | None
+) -> list[int] | None:
+    """``complete`` of one call in one statement (PostgreSQL)."""
+    sql = _COMPLETE_AT_ONCE.format(prefix="NULL" if base_call_id is None else _BASE_IS_PREFIX)
+    params = _completed(db, call_id, gen, db.now()) | {"episode_id": episode_id}
     if base_call_id is not None:
         params["base_call_id"] = base_call_id
     rows = db.rows(sql, params)
@@ -254,24 +257,9 @@ def complete(
     seqs = []
     for call_id, gen in zip(call_ids, generations, strict=True):
         seq = next_seq(db, episode_id, need_open=False)
-        prompt = pack_ids(gen.prompt_token_ids)
-        moved = db.run(
-            _COMPLETE_CALL,
-            {
-                "call_id": call_id,
-                "seq": seq,
-                "finish_reason": gen.finish_reason,
-                "prompt": prompt,
-                "completion": pack_ids(gen.completion_token_ids),
-                "logprobs": pack_logprobs(gen.completion_logprobs),
-                "prompt_tokens": len(gen.prompt_token_ids),
-                "completion_tokens": len(gen.completion_token_ids),
-                "usage": None if gen.usage is None else db.json(gen.usage),
-                "reply_hash": gen.reply_hash,
-                "token_prefix": None if base is None else prompt.startswith(base),
-                "now": now,
-            },
-        )
+        params = _completed(db, call_id, gen, now)
+        prefix = None if base is None else params["prompt"].startswith(base)
+        moved = db.run(_COMPLETE_CALL, params | {"seq": seq, "token_prefix": prefix})
         if moved != 1:  # resolved meanwhile (a close, a sweep): record nothing of this request
             raise Refused(None)  # (its sequence number stays taken: a gap, harmless)
         assert seq is not None

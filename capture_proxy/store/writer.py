@@ -271,7 +271,6 @@ class _SqliteWriter:
                         break
                     batch.append(op)
                 self._commit(connection, db, batch)
-                self.settled += len(batch)
         finally:
             connection.close()
 
@@ -300,6 +299,7 @@ class _SqliteWriter:
 
     def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
         outcomes = self._transaction(connection, db, batch)
+        self.settled += len(batch)  # (before any caller is answered: it may go on at once)
         by_loop: dict[asyncio.AbstractEventLoop, tuple[list[_Op], list[_Outcome]]] = {}
         for op, outcome in zip(batch, outcomes, strict=True):
             ops, outs = by_loop.setdefault(op.loop, ([], []))
