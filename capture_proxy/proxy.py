@@ -240,13 +240,8 @@ class CaptureService:
 
         Its own coroutine, so that a task of it cancelled before it ran (an admission refused
         at once) leaves no request to the engine begun, nor a coroutine never awaited."""
-        if stream:
-            return await timer.upstream(
-                self.continuations.open_stream(plan, PATHS[endpoint], upstream_body)
-            )
-        return await timer.upstream(
-            self.continuations.post_json(plan, PATHS[endpoint], upstream_body)
-        )
+        send = self.continuations.open_stream if stream else self.continuations.post_json
+        return await timer.upstream(send(plan, PATHS[endpoint], upstream_body))
 
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):

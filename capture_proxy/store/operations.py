@@ -59,6 +59,7 @@ _CHAT_CALLS_SINCE = (
 # PostgreSQL alone (a data-modifying WITH): a lone call's admission or completion in ONE
 # statement, atomic by itself, so without a transaction around it — one round trip, not four or
 # five. The same changes as ``admit`` / ``complete``, or none (then the transaction does it).
+# ``held``: the lease check of ``leases.hold`` (its ``_HOLDS``), as a part of the statement.
 _HELD = (
     "held AS (UPDATE instances SET state = 'live' WHERE instance_id = :instance_id"
     " AND state = 'live' RETURNING 1), "
@@ -135,6 +136,25 @@ def next_seq(db: Db, episode_id: str, *, need_open: bool) -> int | None:
     return int(rows[0][0]) if rows else None
 
 
+def _admitted(db: Db, admission: Admission, instance_id: str | None) -> dict[str, Any]:
+    """An admission's values, the same for every choice of its request."""
+    continuation = admission.continuation
+    return {
+        "endpoint": admission.endpoint,
+        "stream": admission.stream,
+        "agent_id": admission.agent_id,
+        "parent_agent_id": admission.parent_agent_id,
+        "role": admission.role,
+        "model": admission.model,
+        "empty": b"",
+        "continuation": None if continuation is None else db.json(continuation.to_dict()),
+        "instance_id": instance_id,
+        "now": db.now(),
+        "weight_version": admission.weight_version,
+        "constraint_kind": admission.constraint,
+    }
+
+
 def admit(
     db: Db,
     episode_id: str,
@@ -143,10 +163,7 @@ def admit(
     instance_id: str | None,
 ) -> list[str]:
     """Admit a request's calls (one per choice), owned by the proxy instance ``instance_id``."""
-    continuation = (
-        None if admission.continuation is None else db.json(admission.continuation.to_dict())
-    )
-    now = db.now()
+    values = _admitted(db, admission, instance_id)
     for index, call_id in enumerate(call_ids):
         seq = next_seq(db, episode_id, need_open=True)
         if seq is None:
@@ -159,24 +176,13 @@ def admit(
             )
         db.run(
             _INSERT_CALL,
-            {
+            values
+            | {
                 "call_id": call_id,
                 "episode_id": episode_id,
                 "request_id": call_ids[0] if len(call_ids) == 1 else call_id.rsplit("-", 1)[0],
                 "choice_index": index,
-                "endpoint": admission.endpoint,
-                "stream": admission.stream,
-                "agent_id": admission.agent_id,
-                "parent_agent_id": admission.parent_agent_id,
-                "role": admission.role,
                 "admitted_seq": seq,
-                "model": admission.model,
-                "empty": b"",
-                "continuation": continuation,
-                "instance_id": instance_id,
-                "now": now,
-                "weight_version": admission.weight_version,
-                "constraint_kind": admission.constraint,
             },
         )
     return list(call_ids)
@@ -191,23 +197,7 @@ def admit_at_once(
     sql = _ADMIT_AT_ONCE.format(
         held=_HELD if leased else "", if_held=" AND EXISTS (SELECT 1 FROM held)" if leased else ""
     )
-    continuation = admission.continuation
-    params = {
-        "call_id": call_id,
-        "episode_id": episode_id,
-        "endpoint": admission.endpoint,
-        "stream": admission.stream,
-        "agent_id": admission.agent_id,
-        "parent_agent_id": admission.parent_agent_id,
-        "role": admission.role,
-        "model": admission.model,
-        "empty": b"",
-        "continuation": None if continuation is None else db.json(continuation.to_dict()),
-        "instance_id": instance_id,
-        "now": db.now(),
-        "weight_version": admission.weight_version,
-        "constraint_kind": admission.constraint,
-    }
+    params = _admitted(db, admission, instance_id) | {"call_id": call_id, "episode_id": episode_id}
     if not db.rows(sql, params):
         raise NotAtOnce
     return [call_id]

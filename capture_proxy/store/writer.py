@@ -537,8 +537,8 @@ class _AsyncWriter:
         if len(batch) == 1 and batch[0].at_once is not None:  # one statement, atomic by itself
             try:
                 value = await greenlet_spawn(batch[0].at_once, db)
-            except operations.NotAtOnce:
-                pass  # (it changed nothing): the transaction's form below
+            except operations.NotAtOnce:  # it changed nothing: the transaction's form below
+                batch[0].at_once = None  # (not the same statement again in it)
             else:
                 return [_Outcome(value)]
         if not any(op.writes for op in batch):  # reads, one statement each: no transaction
