@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -78,8 +79,16 @@ def create_app(
     *,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     migrate: bool = True,
+    freeze_startup_heap: bool = False,
 ) -> FastAPI:
-    """The proxy's ASGI app; the generation routes' fast lane wraps FastAPI's middleware."""
+    """The proxy's ASGI app; the generation routes' fast lane wraps FastAPI's middleware.
+
+    ``freeze_startup_heap`` (the served process, ``capture-proxy serve``): once started, what
+    the imports and the startup made is moved out of the cyclic collector's sight
+    (``gc.freeze``). It lives as long as the process, and a full collection walked all of it:
+    ~140k objects, ~95 ms of CPU on the loop every few seconds under load (issue 11), a p99 of
+    tens of milliseconds. Frozen objects are still freed by reference counting.
+    """
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -104,6 +113,9 @@ def create_app(
         app.state.lease = lease
         try:
             await lease.start()
+            if freeze_startup_heap:
+                gc.collect()
+                gc.freeze()
             yield
         finally:
             await lease.stop()

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     from capture_proxy.app import create_app
 
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, freeze_startup_heap=True),
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
