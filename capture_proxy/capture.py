@@ -148,11 +148,22 @@ def _check(call: str, gen: Generation) -> Generation:
     return gen
 
 
+def _objects(payload: Any, what: str) -> list[dict[str, Any]]:
+    """The choices of an answer or chunk that is a JSON object, each one an object (else an
+    UpstreamError: the engine's answer is not what the capture can read)."""
+    if not isinstance(payload, dict):
+        raise UpstreamError(f"the engine's {what} is not a JSON object")
+    choices = payload.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise UpstreamError(f"the choices of the engine's {what} are not a list of JSON objects")
+    return choices
+
+
 def generations_from_response(
     endpoint: Endpoint, payload: dict[str, Any], n: int
 ) -> list[Generation]:
     """One Generation per choice of a whole (non-streamed) answer, ordered by choice index."""
-    choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
+    choices = sorted(_objects(payload, "answer"), key=lambda c: c.get("index", 0))
     if len(choices) != n:
         raise UpstreamError(f"expected {n} choices from the engine, got {len(choices)}")
     top_prompt = payload.get("prompt_token_ids")
@@ -190,11 +201,12 @@ class StreamCapture:
     choices: dict[int, _ChoiceState] = field(default_factory=dict)
 
     def feed(self, chunk: dict[str, Any]) -> None:
+        choices = _objects(chunk, "stream chunk")
         if chunk.get("prompt_token_ids"):
             self.prompt = list(chunk["prompt_token_ids"])
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
+        for choice in choices:
             state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
             if choice.get("prompt_token_ids"):
                 state.prompt = list(choice["prompt_token_ids"])

@@ -121,6 +121,11 @@ async def _abandon(sending: asyncio.Task[Any], stream: bool) -> None:
             await response.aclose()
 
 
+def _internal(exc: Exception) -> str:
+    """The recorded reason of a call failed by a fault of the proxy's own."""
+    return f"internal error: {type(exc).__name__}: {exc}"[:500]
+
+
 def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
     return {CALL_ID_HEADER: request_id, CALL_IDS_HEADER: ",".join(call_ids)}
 
@@ -301,6 +306,9 @@ class CaptureService:
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
+        except Exception as exc:  # a fault of the proxy's own: failed, not "disconnected"
+            await self._fail(entry, "failed", _internal(exc))
+            raise
         except BaseException:
             await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
             raise
@@ -334,6 +342,20 @@ class CaptureService:
             self._relay(entry, request_id, endpoint, response, wants, n),
             headers={**headers, "cache-control": "no-cache"},
         )
+
+    async def _relay_failed(self, entry: _InFlight, exc: Exception) -> bytes:
+        """Record a stream that could not finish; the error event that ends it."""
+        if entry.cancelled.is_set():
+            await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
+            return _sse(Conflict("the episode was closed; this call was cancelled").to_body())
+        if isinstance(exc, CaptureProxyError | ValueError):  # (ValueError: a chunk not JSON)
+            message = exc.message if isinstance(exc, CaptureProxyError) else str(exc)
+            await self._fail(entry, "failed", f"{type(exc).__name__}: {message}")
+            error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
+            return _sse(error.to_body())
+        log.error("stream relay failed", exc_info=exc)  # a fault of the proxy's own
+        await self._fail(entry, "failed", _internal(exc))
+        return _sse(CaptureProxyError("internal error").to_body())
 
     async def _relay(
         self,
@@ -372,17 +394,9 @@ class CaptureService:
                 settled = True
                 conflict = Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
                 yield LastChunk(tail + _sse(conflict.to_body()))
-        except (CaptureProxyError, ValueError) as exc:
+        except Exception as exc:
             settled = True
-            if entry.cancelled.is_set():
-                await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
-                closed = Conflict("the episode was closed; this call was cancelled")
-                yield LastChunk(tail + _sse(closed.to_body()))
-            else:
-                message = exc.message if isinstance(exc, CaptureProxyError) else str(exc)
-                await self._fail(entry, "failed", f"{type(exc).__name__}: {message}")
-                error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
-                yield LastChunk(tail + _sse(error.to_body()))
+            yield LastChunk(tail + await self._relay_failed(entry, exc))
         finally:
             self._release(request_id)
             self.metrics.observe(entry.timer)

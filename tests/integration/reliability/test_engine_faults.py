@@ -76,6 +76,28 @@ def test_engine_error_answers_pass_through_and_fail_the_call(
     _assert_served(proxy, "ep-other")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_json_that_is_not_an_object_fails_the_call_with_502(
+    tmp_path: Path, engine: Process, proxy_factory: ProxyFactory, stream: bool
+) -> None:
+    proxy = proxy_factory(sqlite_url(tmp_path / "capture.db"), upstream_url=engine.url)
+    url = _episode(proxy, "ep-shape")
+    reply = httpx.post(url, json=_body("fake-not-an-object", stream), timeout=30)
+    if stream:  # the status went out with the stream's start: the error is its last event
+        assert reply.status_code == 200
+        [error] = [json.loads(e) for e in _events(reply.content) if e != "[DONE]"]
+        assert "[DONE]" not in _events(reply.content)
+    else:
+        assert reply.status_code == 502
+        error = reply.json()
+    assert error["error"]["type"] == "upstream_error"
+    assert "not a JSON object" in error["error"]["message"]
+    call = _only_call(proxy, "ep-shape")
+    assert call["status"] == "failed"
+    assert "not a JSON object" in str(call["error"])
+    _assert_served(proxy, "ep-other")
+
+
 def test_engine_killed_mid_stream_then_restarted(
     tmp_path: Path, engine: Process, proxy_factory: ProxyFactory
 ) -> None:
