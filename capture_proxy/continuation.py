@@ -107,7 +107,15 @@ class Continuations:
         self._max_agents = settings.continuation_cache_agents
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
-        for call in await self.store.chat_calls_since(key[0], key[1], priors.read_until):
+        """Add the agent's calls completed elsewhere since the last look (this process's own
+        are added as they complete: :meth:`remember`). Nobody else having committed to the
+        store since that look (SQLite: ``Store.changes_elsewhere``), there are none: no read."""
+        version = self.store.changes_elsewhere()
+        if version is not None and version == priors.seen_elsewhere:
+            return
+        found = await self.store.chat_calls_since(key[0], key[1], priors.read_until)
+        priors.seen_elsewhere = version  # (read before the look: a commit after it is looked at)
+        for call in found:
             priors.read_until = max(priors.read_until, call.completed_seq)
             prior = _prior(call)
             if prior is not None:

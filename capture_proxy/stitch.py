@@ -215,6 +215,8 @@ class Priors:
         #: Every call up to this ``completed_seq`` has been read from the store (calls added
         #: since by this process may lie beyond it; reading again from here finds the rest).
         self.read_until = 0
+        #: ``Store.changes_elsewhere()`` when the store was last read (None: not known).
+        self.seen_elsewhere: int | None = None
 
     def add(self, prior: PriorCall) -> None:
         if prior.call_id in self._ids:

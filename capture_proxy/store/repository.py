@@ -263,6 +263,10 @@ class Store:
             )
             return [_call_info(c) for c in calls]
 
+    def changes_elsewhere(self) -> int | None:
+        """See :meth:`Writer.changes_elsewhere` (equal numbers: nobody else committed)."""
+        return self.writer.changes_elsewhere()
+
     async def chat_calls_since(
         self, episode_id: str, agent_id: str | None, since: int = 0
     ) -> list[CompletedChatCall]:

@@ -11,13 +11,17 @@ and ``leases.py`` (instances); a batch holding an admission first checks, in its
 this instance's lease still holds (``leases.hold``), so no call is admitted under a lease a
 concurrent sweep is ending.
 
-- SQLite: a dedicated thread with its own ``sqlite3`` connection and plain SQL (no ORM unit of
-  work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so the
+- SQLite: a dedicated thread with a ``sqlite3`` connection and plain SQL (no ORM unit of work,
+  no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so the
   episode counters stay exact when several processes share the file. While that thread has
   nothing to do, an operation that needs no fsync (an admission; the look for calls another
-  process completed) is done at once on the caller's thread instead (``_SqliteInline``), if the
-  write lock is free: no wake-up of the writer thread and of the loop (~0.1 ms of CPU per call
-  when calls come one at a time); under load, operations go to the thread and share its batches.
+  process completed) is done at once on the caller's thread instead, on the same connection
+  (``_SqliteInline``), if the write lock is free: no wake-up of the writer thread and of the loop
+  (~0.1 ms of CPU per call when calls come one at a time); under load, operations go to the
+  thread and share its batches. As every write of the capture path is this connection's, its
+  ``PRAGMA data_version`` tells whether anything else committed to the file since
+  (``Writer.changes_elsewhere``): when nothing did, the look for calls completed elsewhere is
+  skipped (~0.1 ms per call of an agent whose call continues none of its own).
 - PostgreSQL: an asyncio task running the same operations on one asyncpg connection of its own
   (prepared statements; the operations run in SQLAlchemy's greenlet bridge, so they stay plain
   functions); ``UPDATE episodes … RETURNING seq`` locks the episode row, so the counters are
@@ -77,6 +81,8 @@ SqliteSynchronous = Literal["FULL", "NORMAL"]
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: The most rows a read on the event loop's thread returns (more: the writer's thread reads them).
 INLINE_READ_ROWS = 32
+#: SQLite's default: a commit checkpoints the WAL once it holds this many pages.
+WAL_AUTOCHECKPOINT_PAGES = 1000
 _SERVER_CLOCK = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 _PARAM = re.compile(r"(?<![:\w]):([a-z_][a-z0-9_]*)")  # a ``:name`` parameter of our SQL
 #: The rows a batch will lock, locked up front in one order (PostgreSQL: LockRows above the Sort).
@@ -211,7 +217,8 @@ class _SqliteSavepoint:
 
 
 class _SqliteWriter:
-    """The writer thread of one SQLite file."""
+    """The writer thread of one SQLite file, and its connection (which ``_SqliteInline`` uses
+    on the loop's thread while this thread is idle: ``using`` is held by whichever uses it)."""
 
     def __init__(self, path: str, synchronous: SqliteSynchronous, max_batch: int) -> None:
         self.path = path
@@ -221,7 +228,12 @@ class _SqliteWriter:
         self.queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
-        self._syncing = synchronous  # the connection's setting now (FULL: switched per batch)
+        self.using = threading.Lock()  # the connection is in use (a batch, or an inline op)
+        self.connection: sqlite3.Connection | None = None
+        self._db: _SqliteDb | None = None
+        self.wal = False  # the connection is in WAL mode (inline writes need it)
+        #: The connection's settings now (switched only when an operation wants others).
+        self._settings: dict[str, int | str] = {}
         self._numbers = itertools.count(1)
         self.submitted = 0  # operations queued so far (numbered on the loops' threads)
         self.settled = 0  # … and answered (counted on the writer's thread)
@@ -242,49 +254,79 @@ class _SqliteWriter:
                     self.thread.start()
         self.queue.put(op)
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(
-            self.path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None
-        )
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute(f"PRAGMA synchronous={self.synchronous}")
-        connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        connection.execute("PRAGMA foreign_keys=ON")
-        return connection
+    def db(self) -> _SqliteDb:
+        """The connection (opened on first use, by the writer thread)."""
+        if self._db is None:
+            connection = sqlite3.connect(
+                self.path,
+                timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
+                isolation_level=None,
+                check_same_thread=False,  # the writer thread's, and the loop's while it idles
+            )
+            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self.wal = str(mode).lower() == "wal"
+            connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            connection.execute("PRAGMA foreign_keys=ON")
+            self._settings = {
+                "synchronous": self.synchronous,
+                "busy_timeout": SQLITE_BUSY_TIMEOUT_MS,
+                "wal_autocheckpoint": WAL_AUTOCHECKPOINT_PAGES,
+            }
+            self.connection = connection
+            self._db = _SqliteDb(connection)
+        return self._db
+
+    def configure(
+        self,
+        *,
+        busy_ms: int,
+        synchronous: str | None = None,
+        autocheckpoint: int | None = None,
+    ) -> None:
+        """Set the connection's pragmas for what comes next (only those that change)."""
+        assert self.connection is not None
+        for name, value in (
+            ("busy_timeout", busy_ms),
+            ("synchronous", synchronous),
+            ("wal_autocheckpoint", autocheckpoint),
+        ):
+            if value is not None and self._settings.get(name) != value:
+                self.connection.execute(f"PRAGMA {name}={value}")
+                self._settings[name] = value
 
     def _run(self) -> None:
-        connection = self._connect()
-        db = _SqliteDb(connection)
-        try:
-            while True:
-                first = self.queue.get()
-                if first is None:
-                    return
-                batch = [first]
-                while len(batch) < self.max_batch:
-                    try:
-                        op = self.queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if op is None:
-                        self.queue.put(None)  # stop after this batch
-                        break
-                    batch.append(op)
-                self._commit(connection, db, batch)
-        finally:
-            connection.close()
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    op = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    self.queue.put(None)  # stop after this batch
+                    break
+                batch.append(op)
+            self._commit(batch)
 
-    def _transaction(
-        self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]
-    ) -> list[_Outcome]:
+    def _transaction(self, db: _SqliteDb, batch: list[_Op]) -> list[_Outcome]:
+        connection = db.connection
         writes = any(op.writes for op in batch)
-        if self.synchronous == "FULL":
-            # An admission alone commits without an fsync: the next synced commit (its own
-            # completion's, or any other) syncs the WAL with it, as the WAL is written in order.
-            wanted: SqliteSynchronous = "FULL" if any(op.synced for op in batch) else "NORMAL"
-            if writes and wanted != self._syncing:
-                connection.execute(f"PRAGMA synchronous={wanted}")
-                self._syncing = wanted
+        # An admission alone commits without an fsync under FULL: the next synced commit (its
+        # own completion's, or any other) syncs the WAL with it, as the WAL is written in order.
+        wanted = self.synchronous
+        if writes and wanted == "FULL" and not any(op.synced for op in batch):
+            wanted = "NORMAL"
+        if writes:
+            self.configure(
+                busy_ms=SQLITE_BUSY_TIMEOUT_MS,
+                synchronous=wanted,
+                autocheckpoint=WAL_AUTOCHECKPOINT_PAGES,
+            )
+        else:
+            self.configure(busy_ms=SQLITE_BUSY_TIMEOUT_MS)
         try:
             connection.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
             outcomes = _apply_batch(db, batch, lambda: _SqliteSavepoint(connection), self.prologue)
@@ -293,12 +335,19 @@ class _SqliteWriter:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
-                return [self._transaction(connection, db, [op])[0] for op in batch]
+                return [self._transaction(db, [op])[0] for op in batch]
             return [_Outcome(error=StoreError(f"the store failed: {exc}"))]
         return outcomes
 
-    def _commit(self, connection: sqlite3.Connection, db: _SqliteDb, batch: list[_Op]) -> None:
-        outcomes = self._transaction(connection, db, batch)
+    def _commit(self, batch: list[_Op]) -> None:
+        with self.using:
+            try:
+                db = self.db()
+            except sqlite3.Error as exc:
+                error = StoreError(f"the store failed: {exc}")
+                outcomes = [_Outcome(error=error) for _ in batch]
+            else:
+                outcomes = self._transaction(db, batch)
         self.settled += len(batch)  # (before any caller is answered: it may go on at once)
         by_loop: dict[asyncio.AbstractEventLoop, tuple[list[_Op], list[_Outcome]]] = {}
         for op, outcome in zip(batch, outcomes, strict=True):
@@ -315,61 +364,86 @@ class _SqliteWriter:
             self.queue.put(None)
         return thread
 
+    def close(self) -> None:
+        """Close the connection (after the thread has stopped)."""
+        with self.using:
+            connection, self.connection, self._db = self.connection, None, None
+        if connection is not None:
+            with contextlib.suppress(sqlite3.Error):
+                connection.close()
+
 
 class _SqliteInline:
     """What the capture path can do on SQLite at once, on the caller's own thread (the loop's).
 
-    Each thread gets a connection of its own (autocommit: every statement sees the commits made
-    before it). A read needs no write lock and, in WAL mode, never waits for a writer; a write
+    It uses the writer thread's own connection, while that thread has nothing to do (its lock
+    free): one connection for both keeps SQLite's page cache, which another connection's commit
+    would empty (in WAL mode a connection drops its whole cache when the database changed since
+    its last transaction: two connections taking turns read every page again, ~37 ``pread``s
+    per call). A read needs no write lock and, in WAL mode, never waits for a writer; a write
     that needs no fsync (an admission: ``synced=False``) takes the write lock only if it is free
-    (``timeout=0``) and commits without a sync (``synchronous=NORMAL``; a later synced commit of
-    the writer thread syncs the WAL, which holds it, with its own). Either costs no wake-up of the
-    writer thread and of the loop: two thread switches fewer per operation. Whatever cannot be
-    done at once — the database busy (the writer thread or another process holds the write
-    lock, as under load, when operations are better batched anyway), more than a few rows to
-    read, any error of SQLite — is left to the writer thread (``None``), which waits for the
-    lock and answers store errors as ever. This connection never checkpoints the WAL (the writer
-    thread's does), so it never syncs the disk on the loop.
+    (``busy_timeout=0``) and commits without a sync (``synchronous=NORMAL``; a later synced
+    commit of the writer thread syncs the WAL, which holds it, with its own). Either costs no
+    wake-up of the writer thread and of the loop: two thread switches fewer per operation.
+    Whatever cannot be done at once — the writer thread busy, the database busy (another
+    process holds the write lock, as under load, when operations are better batched anyway),
+    more than a few rows to read, any error of SQLite — is left to the writer thread (``None``),
+    which waits for the lock and answers store errors as ever. A commit here never checkpoints
+    the WAL (``wal_autocheckpoint=0`` while it runs; the writer thread's commits do), so it never
+    syncs the disk on the loop.
     """
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.local = threading.local()
-        self.connections: list[sqlite3.Connection] = []
-        self.lock = threading.Lock()
-
-    def _db(self) -> _SqliteDb:
-        db: _SqliteDb | None = getattr(self.local, "db", None)
-        if db is None:
-            connection = sqlite3.connect(
-                self.path, timeout=0, isolation_level=None, check_same_thread=False
-            )
-            with self.lock:
-                self.connections.append(connection)
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.execute("PRAGMA wal_autocheckpoint=0")
-            connection.execute("PRAGMA foreign_keys=ON")
-            db = self.local.db = _SqliteDb(connection)
-        return db
+    def __init__(self, writer: _SqliteWriter) -> None:
+        self.writer = writer
 
     def rows(self, read: Callable[[Db, int], list[T]], most: int) -> list[T] | None:
         """``read(db, most + 1)``'s rows, or None: too many, or not readable at once."""
+        writer = self.writer
+        if writer.connection is None or not writer.using.acquire(blocking=False):
+            return None  # (the writer thread opens the connection: it may wait for the file)
         try:
-            found = read(self._db(), most + 1)
+            writer.configure(busy_ms=0)
+            found = read(writer.db(), most + 1)
         except sqlite3.Error as exc:
             log.debug("a read was left to the writer thread: %s", exc)
             return None
+        finally:
+            writer.using.release()
         return found if len(found) <= most else None
+
+    def data_version(self) -> int | None:
+        """SQLite's ``PRAGMA data_version`` on the connection, or None (not known at once).
+
+        It changes when another connection — another proxy process, the job, the CLI —
+        commits to the file, never for this connection's own commits: all of the capture
+        path's, as this connection is the writer thread's too."""
+        writer = self.writer
+        if writer.connection is None or not writer.using.acquire(blocking=False):
+            return None
+        try:
+            return int(writer.connection.execute("PRAGMA data_version").fetchone()[0])
+        except sqlite3.Error:
+            return None
+        finally:
+            writer.using.release()
 
     def write(self, op: _Op, prologue: Prologue | None) -> _Outcome | None:
         """``op`` in a transaction of its own committed now, or None (left to the writer)."""
+        writer = self.writer
+        if writer.connection is None or not writer.using.acquire(blocking=False):
+            return None
         try:
-            db = self._db()
-            if not getattr(self.local, "wal", False):  # (the writer thread's connection sets it)
-                mode = db.connection.execute("PRAGMA journal_mode").fetchone()[0]
-                if mode != "wal":
-                    return None
-                self.local.wal = True
+            return self._write(writer, op, prologue)
+        finally:
+            writer.using.release()
+
+    @staticmethod
+    def _write(writer: _SqliteWriter, op: _Op, prologue: Prologue | None) -> _Outcome | None:
+        try:
+            db = writer.db()
+            if not writer.wal:
+                return None
+            writer.configure(busy_ms=0, synchronous="NORMAL", autocheckpoint=0)
             db.connection.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:  # the write lock is taken: wait for it in the writer thread
             return None
@@ -377,26 +451,19 @@ class _SqliteInline:
             [outcome] = _apply_batch(db, [op], lambda: _SqliteSavepoint(db.connection), prologue)
             db.connection.execute("COMMIT")
         except sqlite3.Error as exc:
-            self._rollback(db)
+            _rollback(db)
             log.debug("a write was left to the writer thread: %s", exc)
             return None
         except BaseException:
-            self._rollback(db)  # never leave the write lock held
+            _rollback(db)  # never leave the write lock held
             raise
         return outcome
 
-    @staticmethod
-    def _rollback(db: _SqliteDb) -> None:
-        if db.connection.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                db.connection.execute("ROLLBACK")
 
-    def close(self) -> None:
-        with self.lock:
-            connections, self.connections = self.connections, []
-        for connection in connections:
-            with contextlib.suppress(sqlite3.Error):
-                connection.close()
+def _rollback(db: _SqliteDb) -> None:
+    if db.connection.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.connection.execute("ROLLBACK")
 
 
 class _PgDb:
@@ -593,8 +660,8 @@ class Writer:
         if url.get_backend_name() == "sqlite":
             path = url.database or ":memory:"
             executor = self._sqlite = _SqliteWriter(path, sqlite_synchronous, max_batch)
-            if path != ":memory:":  # (a memory database is its one connection's alone)
-                self._inline = _SqliteInline(path)
+            if path != ":memory:":  # (a memory database: the writer thread's alone)
+                self._inline = _SqliteInline(executor)
         else:
             executor = self._async = _AsyncWriter(engine, max_batch)
         if identity is not None:
@@ -727,12 +794,20 @@ class Writer:
         )
         return result
 
+    def changes_elsewhere(self) -> int | None:
+        """A number that changes whenever something other than this writer commits to the
+        store (SQLite: ``PRAGMA data_version``), or None when it is not known at once (the
+        writer thread busy; PostgreSQL, which has no such number). Equal numbers: nobody else
+        committed in between."""
+        if self._inline is None or self._sqlite is None or not self._sqlite.idle:
+            return None
+        return self._inline.data_version()
+
     async def aclose(self) -> None:
-        if self._inline is not None:
-            self._inline.close()
         if self._sqlite is not None:
             thread = self._sqlite.stop()
             if thread is not None:
                 await asyncio.to_thread(thread.join)
+            self._sqlite.close()
         elif self._async is not None:
             await self._async.stop()
