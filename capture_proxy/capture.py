@@ -70,7 +70,8 @@ def prepare_upstream_body(
     else:
         current = body.get("logprobs")
         upstream["logprobs"] = max(int(current), 1) if isinstance(current, int) else 1
-    upstream.update(copy.deepcopy(settings.overrides))
+    if settings.overrides:
+        upstream.update(copy.deepcopy(settings.overrides))
     if settings.served_model is not None:
         upstream["model"] = settings.served_model
     return upstream, wants

@@ -74,8 +74,13 @@ def header_episode(request: Request) -> str:
 
 
 def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """A plain dict of lower-case names (what ``attribute`` looks names up by)."""
-    return {name.lower(): value for name, value in headers.items()}
+    """A plain dict of lower-case names (what ``attribute`` looks names up by), the first of a
+    repeated header kept, as Starlette's ``Headers.get`` does. The capture path looks up a
+    dozen names per call: in a dict, not by a scan of the raw headers each time."""
+    lowered: dict[str, str] = {}
+    for name, value in headers.items():
+        lowered.setdefault(name.lower(), value)
+    return lowered
 
 
 def kept_headers(response: Response) -> dict[str, str]:
