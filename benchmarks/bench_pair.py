@@ -1,0 +1,122 @@
+"""Two builds of the proxy side by side, CPU per call in alternating slices (issue 11).
+
+::
+
+    python benchmarks/bench_pair.py --before /tmp/base [--after .] [--concurrency 1,16,64]
+                                    [--slices 16] [--slice 1.5] [--stream] [--json]
+
+A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
+differ more than most changes do), so a before/after pair measured one after the other says
+little. Here one stub engine serves two proxies at once — ``--before`` and ``--after``, each a
+checkout of this repository (``git worktree add /tmp/base <rev>``), each run from its own
+directory on its own SQLite store — and the load alternates between them in short slices
+(A B, B A, …), so both see the same drift. Per concurrency (and streaming with ``--stream``):
+each build's CPU per call over all its slices, the ratio after/before, and the median and range
+of the per-slice ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_proxy import CHAT, STREAM, _episodes, _store_url, free_port, measure, process
+
+AGENT = [("x-agent-id", "agent")]
+
+
+def _serve(root: Path, stub_port: int, tmp: Path) -> tuple[list[str], int]:
+    """``capture-proxy serve`` of the checkout at ``root``, run from there (a module run with
+    ``-m`` imports from its working directory first), and its port."""
+    port = free_port()
+    argv = [
+        *("/usr/bin/env", "-C", str(root), sys.executable, "-m", "capture_proxy.cli", "serve"),
+        *("--log-level", "warning", "--port", str(port)),
+        *("--upstream", f"http://127.0.0.1:{stub_port}", "--db", _store_url("sqlite", tmp)),
+    ]
+    return argv, port
+
+
+def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    roots = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
+    for name, root in roots.items():
+        if not (root / "capture_proxy" / "cli.py").is_file():
+            raise SystemExit(f"--{name} {root} is not a checkout of this repository")
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        env = {**os.environ, "CAPTURE_PROXY_CONTINUATION": "stitch"}
+        stub_port = free_port()
+        stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
+        stub += ["--port", str(stub_port)]
+        stack.enter_context(process(stub, f"http://127.0.0.1:{stub_port}/", env))
+        targets: dict[str, tuple[int, int, list[str]]] = {}
+        for name, root in roots.items():
+            (Path(tmp) / name).mkdir()
+            argv, port = _serve(root, stub_port, Path(tmp) / name)
+            pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", env))
+            episodes = _episodes(f"http://127.0.0.1:{port}", 16)
+            targets[name] = (port, pid, [f"/episodes/{e}/v1/chat/completions" for e in episodes])
+        for c in [int(c) for c in args.concurrency.split(",")]:
+            for stream in [False, True] if args.stream else [False]:
+                body = STREAM if stream else CHAT
+                calls = dict.fromkeys(targets, 0)
+                cpu_ms = dict.fromkeys(targets, 0.0)
+                slices: dict[str, list[float]] = {name: [] for name in targets}
+                for port, pid, paths in targets.values():
+                    measure(port, paths, body, c, 1, pid, AGENT)  # warm up
+                for i in range(args.slices):
+                    for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
+                        port, pid, paths = targets[name]
+                        run = measure(port, paths, body, c, args.slice, pid, AGENT)
+                        calls[name] += run["calls"]
+                        cpu_ms[name] += run["cpu_ms_per_call"] * run["calls"]
+                        slices[name].append(run["cpu_ms_per_call"])
+                per_call = {name: cpu_ms[name] / max(calls[name], 1) for name in targets}
+                ratios = [a / b for b, a in zip(slices["before"], slices["after"], strict=True)]
+                low, high = min(ratios), max(ratios)
+                result: dict[str, Any] = {
+                    "concurrency": c,
+                    "stream": stream,
+                    "before_ms": per_call["before"],
+                    "after_ms": per_call["after"],
+                    "ratio": per_call["after"] / per_call["before"],
+                    "slice_ratio_median": statistics.median(ratios),
+                    "slice_ratio_range": [low, high],
+                }
+                results.append(result)
+                if not args.json:
+                    print(
+                        f"c={c:<3} {'stream' if stream else 'whole '} before "
+                        f"{result['before_ms']:.3f} ms/call  after {result['after_ms']:.3f}  "
+                        f"after/before {result['ratio']:.3f}  (slices: median "
+                        f"{result['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f})",
+                        flush=True,
+                    )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--before", required=True, help="a checkout of the baseline")
+    parser.add_argument("--after", default=str(Path(__file__).resolve().parents[1]))
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--slices", type=int, default=16)
+    parser.add_argument("--slice", type=float, default=1.5, help="seconds per slice")
+    parser.add_argument("--stream", action="store_true", help="also streaming (20 chunks)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = compare(args)
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
