@@ -57,7 +57,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar
@@ -254,6 +254,11 @@ class _SqliteWriter:
                     self.thread.start()
         self.queue.put(op)
 
+    @property
+    def opened(self) -> _SqliteDb | None:
+        """The connection if it is open (the writer thread opens it)."""
+        return self._db
+
     def db(self) -> _SqliteDb:
         """The connection (opened on first use, by the writer thread)."""
         if self._db is None:
@@ -376,39 +381,50 @@ class _SqliteWriter:
 class _SqliteInline:
     """What the capture path can do on SQLite at once, on the caller's own thread (the loop's).
 
-    It uses the writer thread's own connection, while that thread has nothing to do (its lock
-    free): one connection for both keeps SQLite's page cache, which another connection's commit
-    would empty (in WAL mode a connection drops its whole cache when the database changed since
-    its last transaction: two connections taking turns read every page again, ~37 ``pread``s
-    per call). A read needs no write lock and, in WAL mode, never waits for a writer; a write
-    that needs no fsync (an admission: ``synced=False``) takes the write lock only if it is free
-    (``busy_timeout=0``) and commits without a sync (``synchronous=NORMAL``; a later synced
-    commit of the writer thread syncs the WAL, which holds it, with its own). Either costs no
-    wake-up of the writer thread and of the loop: two thread switches fewer per operation.
-    Whatever cannot be done at once — the writer thread busy, the database busy (another
-    process holds the write lock, as under load, when operations are better batched anyway),
-    more than a few rows to read, any error of SQLite — is left to the writer thread (``None``),
-    which waits for the lock and answers store errors as ever. A commit here never checkpoints
-    the WAL (``wal_autocheckpoint=0`` while it runs; the writer thread's commits do), so it never
-    syncs the disk on the loop.
+    It uses the writer thread's own connection while that thread has nothing to do (its lock
+    free): every write of the capture path is then this one connection's, so its
+    ``PRAGMA data_version`` changes only when something else commits to the file (what
+    ``Writer.changes_elsewhere`` answers). A read needs no write lock and, in WAL mode, never
+    waits for a writer; a write that needs no fsync (an admission: ``synced=False``) takes the
+    write lock only if it is free (``busy_timeout=0``) and commits without a sync
+    (``synchronous=NORMAL``; a later synced commit of the writer thread syncs the WAL, which
+    holds it, with its own). Either costs no wake-up of the writer thread and of the loop: two
+    thread switches fewer per operation. Whatever cannot be done at once — the writer thread
+    busy, the database busy (another process holds the write lock, as under load, when
+    operations are better batched anyway), more than a few rows to read, any error of SQLite —
+    is left to the writer thread (``None``), which waits for the lock and answers store errors
+    as ever. A commit here never checkpoints the WAL (``wal_autocheckpoint=0`` while it runs;
+    the writer thread's commits do), so it never syncs the disk on the loop.
     """
 
     def __init__(self, writer: _SqliteWriter) -> None:
         self.writer = writer
 
-    def rows(self, read: Callable[[Db, int], list[T]], most: int) -> list[T] | None:
-        """``read(db, most + 1)``'s rows, or None: too many, or not readable at once."""
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[_SqliteDb | None]:
+        """The writer's connection if it is open and not in use now, else None (never waits;
+        the writer thread opens the connection: opening may wait for the file)."""
         writer = self.writer
-        if writer.connection is None or not writer.using.acquire(blocking=False):
-            return None  # (the writer thread opens the connection: it may wait for the file)
+        db = writer.opened
+        if db is None or not writer.using.acquire(blocking=False):
+            yield None
+            return
         try:
-            writer.configure(busy_ms=0)
-            found = read(writer.db(), most + 1)
-        except sqlite3.Error as exc:
-            log.debug("a read was left to the writer thread: %s", exc)
-            return None
+            yield db
         finally:
             writer.using.release()
+
+    def rows(self, read: Callable[[Db, int], list[T]], most: int) -> list[T] | None:
+        """``read(db, most + 1)``'s rows, or None: too many, or not readable at once."""
+        with self._borrowed() as db:
+            if db is None:
+                return None
+            try:
+                self.writer.configure(busy_ms=0)
+                found = read(db, most + 1)
+            except sqlite3.Error as exc:
+                log.debug("a read was left to the writer thread: %s", exc)
+                return None
         return found if len(found) <= most else None
 
     def data_version(self) -> int | None:
@@ -417,47 +433,38 @@ class _SqliteInline:
         It changes when another connection — another proxy process, the job, the CLI —
         commits to the file, never for this connection's own commits: all of the capture
         path's, as this connection is the writer thread's too."""
-        writer = self.writer
-        if writer.connection is None or not writer.using.acquire(blocking=False):
-            return None
-        try:
-            return int(writer.connection.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:
-            return None
-        finally:
-            writer.using.release()
+        with self._borrowed() as db:
+            if db is None:
+                return None
+            try:
+                return int(db.connection.execute("PRAGMA data_version").fetchone()[0])
+            except sqlite3.Error:
+                return None
 
     def write(self, op: _Op, prologue: Prologue | None) -> _Outcome | None:
         """``op`` in a transaction of its own committed now, or None (left to the writer)."""
-        writer = self.writer
-        if writer.connection is None or not writer.using.acquire(blocking=False):
-            return None
-        try:
-            return self._write(writer, op, prologue)
-        finally:
-            writer.using.release()
-
-    @staticmethod
-    def _write(writer: _SqliteWriter, op: _Op, prologue: Prologue | None) -> _Outcome | None:
-        try:
-            db = writer.db()
-            if not writer.wal:
+        with self._borrowed() as db:
+            if db is None or not self.writer.wal:
                 return None
-            writer.configure(busy_ms=0, synchronous="NORMAL", autocheckpoint=0)
-            db.connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:  # the write lock is taken: wait for it in the writer thread
-            return None
-        try:
-            [outcome] = _apply_batch(db, [op], lambda: _SqliteSavepoint(db.connection), prologue)
-            db.connection.execute("COMMIT")
-        except sqlite3.Error as exc:
-            _rollback(db)
-            log.debug("a write was left to the writer thread: %s", exc)
-            return None
-        except BaseException:
-            _rollback(db)  # never leave the write lock held
-            raise
-        return outcome
+            try:
+                self.writer.configure(busy_ms=0, synchronous="NORMAL", autocheckpoint=0)
+                db.connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:  # the write lock is taken: wait for it in the writer thread
+                return None
+            try:
+                outcome: _Outcome
+                [outcome] = _apply_batch(
+                    db, [op], lambda: _SqliteSavepoint(db.connection), prologue
+                )
+                db.connection.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(db)
+                log.debug("a write was left to the writer thread: %s", exc)
+                return None
+            except BaseException:
+                _rollback(db)  # never leave the write lock held
+                raise
+            return outcome
 
 
 def _rollback(db: _SqliteDb) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -29,10 +30,12 @@ def passthrough_settings(tmp_path: Path) -> Settings:
 
 @contextlib.asynccontextmanager
 async def served(
-    settings: Settings, engine: EngineHandler = fake_engine.handler
+    settings: Settings, engine: EngineHandler = fake_engine.handler, **app_options: Any
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
-    """The app started (its lifespan run) and a client to it."""
-    app = create_app(settings, upstream_transport=httpx.MockTransport(engine), migrate=False)
+    """The app started (its lifespan run) and a client to it (``app_options``: create_app's)."""
+    app = create_app(
+        settings, upstream_transport=httpx.MockTransport(engine), migrate=False, **app_options
+    )
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://proxy") as http,

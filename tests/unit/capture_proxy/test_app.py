@@ -19,8 +19,6 @@ from sqlalchemy.engine import Engine
 
 from capture_contracts.bundle import SCHEMA, parse_bundle
 from capture_contracts.drift import bundle_drift, drift_report
-from capture_proxy.app import create_app
-from tests.fixtures import fake_engine
 from tests.support.inproc import passthrough_settings, served
 
 TOKEN_COLUMNS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
@@ -98,13 +96,7 @@ async def test_the_served_app_freezes_what_its_startup_made(tmp_path: Path) -> N
     gc.unfreeze()
     try:
         for freeze in (False, True):
-            app = create_app(
-                passthrough_settings(tmp_path),
-                upstream_transport=httpx.MockTransport(fake_engine.handler),
-                migrate=False,
-                freeze_startup_heap=freeze,
-            )
-            async with app.router.lifespan_context(app):
+            async with served(passthrough_settings(tmp_path), freeze_startup_heap=freeze):
                 assert (gc.get_freeze_count() > 0) is freeze
     finally:
         gc.unfreeze()
