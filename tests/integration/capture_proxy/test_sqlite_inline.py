@@ -112,7 +112,10 @@ async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_
     read only when something else committed since the last look (``PRAGMA data_version``). A
     second store on the file stands for the other process: its call is found and continued."""
     path = tmp_path / "capture.db"
-    here, elsewhere = _store(path), _store(path)
+    engines = [make_engine(sqlite_url(path)) for _ in range(2)]
+    here, elsewhere = (
+        Store(make_sessionmaker(e), identity=InstanceIdentity.new()) for e in engines
+    )
     settings = Settings(continuation="passthrough")
     continuations = Continuations(settings, here, Upstream(settings.upstream))
     reads = 0
@@ -157,3 +160,5 @@ async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_
     assert reads == 2 and plan.record.base_call_id == other  # read, found, continued
     await elsewhere.aclose()
     await here.aclose()
+    for engine in engines:  # (their pooled connections answer no loop after the test's)
+        await engine.dispose()
