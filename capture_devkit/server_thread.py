@@ -11,6 +11,7 @@ import httpx
 import uvicorn
 
 from capture_proxy.app import create_app
+from capture_proxy.http_protocol import MergedWritesProtocol
 from capture_proxy.settings import Settings
 
 STARTUP_TIMEOUT_S = 30.0
@@ -31,6 +32,7 @@ class ProxyThread:
             create_app(settings, upstream_transport=transport),
             host="127.0.0.1",
             port=self.port,
+            http=MergedWritesProtocol,
             log_level="warning",
             lifespan="on",
             timeout_keep_alive=settings.keep_alive_s,

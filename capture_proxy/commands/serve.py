@@ -60,11 +60,13 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from capture_proxy.app import create_app
+    from capture_proxy.http_protocol import MergedWritesProtocol
 
     uvicorn.run(
         create_app(settings, freeze_startup_heap=True),
         host=settings.host,
         port=settings.port,
+        http=MergedWritesProtocol,
         log_level=args.log_level,
         # Below info the access log is dropped anyway, after uvicorn has formatted its fields.
         access_log=args.log_level.lower() in ("trace", "debug", "info"),
