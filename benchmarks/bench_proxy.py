@@ -80,7 +80,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
         try:
             httpx.get(url, timeout=1)
             return
@@ -235,7 +235,10 @@ def _vllm_bodies() -> tuple[bytes, bytes, bytes]:
         "min_tokens": 32,
     }
     fields = {**body, "logprobs": True, "return_token_ids": True}
-    return tuple(json.dumps(b).encode() for b in (body, {**body, "stream": True}, fields))
+    chat, stream, with_fields = (
+        json.dumps(b).encode() for b in (body, {**body, "stream": True}, fields)
+    )
+    return chat, stream, with_fields
 
 
 def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:

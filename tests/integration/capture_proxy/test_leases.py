@@ -14,7 +14,6 @@ import pytest
 
 from capture_contracts.vocabulary import PROXY_RESTART
 from capture_proxy.store import leases
-from capture_proxy.store.db import make_engine, make_sessionmaker
 from capture_proxy.store.leases import InstanceIdentity, InstanceLease
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -38,17 +37,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-async def stores(store_url: str) -> AsyncIterator[StoreFactory]:
-    made: list[Store] = []
-
+async def stores(store_url: str, make_store: Callable[..., Store]) -> AsyncIterator[StoreFactory]:
     def make(identity: InstanceIdentity | None = None, lease_s: float = 15.0) -> Store:
-        store = Store(make_sessionmaker(make_engine(store_url)), identity=identity, lease_s=lease_s)
-        made.append(store)
-        return store
+        return make_store(store_url, identity=identity, lease_s=lease_s)
 
     yield make
-    for store in made:
-        await store.aclose()
 
 
 async def _statuses(store: Store, episode_id: str) -> dict[str, tuple[str, str | None]]:

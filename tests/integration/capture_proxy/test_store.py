@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from sqlalchemy import inspect
 
 from capture_proxy.errors import Conflict, NotFound
-from capture_proxy.store.db import make_engine, make_sessionmaker
+from capture_proxy.store.db import make_engine
 from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -22,8 +24,10 @@ async def test_schema_comes_from_the_migrations(store_url: str) -> None:
     assert {"episodes", "calls", "exports", "alembic_version"} <= tables
 
 
-async def test_completion_after_cancellation_records_nothing(store_url: str) -> None:
-    store = Store(make_sessionmaker(make_engine(store_url)))
+async def test_completion_after_cancellation_records_nothing(
+    store_url: str, make_store: Callable[..., Store]
+) -> None:
+    store = make_store(store_url)
     ep = (await store.create_episode("s")).episode_id
     [call] = await store.admit(ep, Admission("chat", False, 1, "policy"))
     assert await store.finish(ep, [call], "cancelled", "cancelled_by_close") == 1
@@ -37,8 +41,10 @@ async def test_completion_after_cancellation_records_nothing(store_url: str) -> 
     )
 
 
-async def test_admission_needs_an_open_episode(store_url: str) -> None:
-    store = Store(make_sessionmaker(make_engine(store_url)))
+async def test_admission_needs_an_open_episode(
+    store_url: str, make_store: Callable[..., Store]
+) -> None:
+    store = make_store(store_url)
     with pytest.raises(NotFound):
         await store.admit("missing", Admission("chat", False, 1, "policy"))
     ep = (await store.create_episode("s")).episode_id
@@ -48,8 +54,10 @@ async def test_admission_needs_an_open_episode(store_url: str) -> None:
     assert (await store.get_episode(ep)).calls.admitted == 0
 
 
-async def test_an_episode_is_claimed_by_one_export_only(store_url: str) -> None:
-    store = Store(make_sessionmaker(make_engine(store_url)))
+async def test_an_episode_is_claimed_by_one_export_only(
+    store_url: str, make_store: Callable[..., Store]
+) -> None:
+    store = make_store(store_url)
     ep = (await store.create_episode("s")).episode_id
     await store.begin_close(ep, 1.0, {})
     assert await store.finish_close(ep)
@@ -66,7 +74,9 @@ def test_packing_round_trip() -> None:
     assert unpack_ids(b"") == [] and unpack_logprobs(None) == []
 
 
-async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(store_url: str) -> None:
+async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(
+    store_url: str, make_store: Callable[..., Store]
+) -> None:
     """Operations run without savepoints; a store error aborts the batch, which is then applied
     one operation at a time, so only the bad one fails."""
     import asyncio
@@ -74,7 +84,7 @@ async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(store_url
 
     from capture_proxy.errors import StoreError
 
-    store = Store(make_sessionmaker(make_engine(store_url)))
+    store = make_store(store_url)
     ep = (await store.create_episode("s")).episode_id
     writer = store.writer
 
