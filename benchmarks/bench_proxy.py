@@ -289,7 +289,8 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )
     with server:
         if args.engine_core is not None:  # its API process and threads too
-            for pid in _process_group(server.process.pid if server.process else 0):
+            assert server.process is not None
+            for pid in _process_group(server.process.pid):
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     os.sched_setaffinity(int(tid), {args.engine_core})
         proxy_port = free_port()

@@ -7,6 +7,7 @@ import asyncio
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import Conflict
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import chain
-from capture_proxy.store.db import make_engine, make_sessionmaker
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
@@ -27,8 +27,8 @@ from tests.fixtures.db import sqlite_url
 GEN = Generation([1, 2, 3], [4], [-0.5], "stop", reply_hash="r")
 
 
-def _store(path: Path) -> Store:
-    return Store(make_sessionmaker(make_engine(sqlite_url(path))), identity=InstanceIdentity.new())
+def _store(make_store: Callable[..., Store], path: Path) -> Store:
+    return make_store(sqlite_url(path), identity=InstanceIdentity.new())
 
 
 def _thread_of(db: object) -> int:
@@ -36,9 +36,9 @@ def _thread_of(db: object) -> int:
 
 
 async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
-    tmp_path: Path,
+    tmp_path: Path, make_store: Callable[..., Store]
 ) -> None:
-    store = _store(tmp_path / "capture.db")
+    store = _store(make_store, tmp_path / "capture.db")
     writer = store.writer
     here = threading.get_ident()
     ep = (await store.create_episode("inline")).episode_id
@@ -55,10 +55,12 @@ async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
     await store.aclose()
 
 
-async def test_a_held_write_lock_sends_the_admission_to_the_writer_thread(tmp_path: Path) -> None:
+async def test_a_held_write_lock_sends_the_admission_to_the_writer_thread(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
     """Another process writing: the admission waits in the writer thread, not on the loop."""
     path = tmp_path / "capture.db"
-    store = _store(path)
+    store = _store(make_store, path)
     ep = (await store.create_episode("inline")).episode_id
     await store.writer._run(_thread_of)
     other = sqlite3.connect(path, isolation_level=None)
@@ -75,8 +77,10 @@ async def test_a_held_write_lock_sends_the_admission_to_the_writer_thread(tmp_pa
     await store.aclose()
 
 
-async def test_a_read_of_many_rows_is_left_to_the_writer_thread(tmp_path: Path) -> None:
-    store = _store(tmp_path / "capture.db")
+async def test_a_read_of_many_rows_is_left_to_the_writer_thread(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    store = _store(make_store, tmp_path / "capture.db")
     ep = (await store.create_episode("inline")).episode_id
     record = ContinuationRecord(stitched=False, mode="stitch", messages=1, prefix_hash="p")
     admission = Admission("chat", False, 1, "policy", "a", continuation=record)
@@ -93,8 +97,10 @@ async def test_a_read_of_many_rows_is_left_to_the_writer_thread(tmp_path: Path) 
     await store.aclose()
 
 
-async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(tmp_path: Path) -> None:
-    store = _store(tmp_path / "capture.db")
+async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    store = _store(make_store, tmp_path / "capture.db")
     ep = (await store.create_episode("inline")).episode_id
     await store.writer._run(_thread_of)
     await store.begin_close(ep, 1.0, {})
@@ -106,16 +112,13 @@ async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(tmp_pat
 
 
 async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_elsewhere(
-    tmp_path: Path,
+    tmp_path: Path, make_store: Callable[..., Store]
 ) -> None:
     """An agent's fresh calls look for calls another process completed; on SQLite the store is
     read only when something else committed since the last look (``PRAGMA data_version``). A
     second store on the file stands for the other process: its call is found and continued."""
     path = tmp_path / "capture.db"
-    engines = [make_engine(sqlite_url(path)) for _ in range(2)]
-    here, elsewhere = (
-        Store(make_sessionmaker(e), identity=InstanceIdentity.new()) for e in engines
-    )
+    here, elsewhere = _store(make_store, path), _store(make_store, path)
     settings = Settings(continuation="passthrough")
     continuations = Continuations(settings, here, Upstream(settings.upstream))
     reads = 0
@@ -158,7 +161,3 @@ async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_
     plan = await continuations.plan(ep, "chat", "a", {"messages": extended})
     assert plan.record is not None
     assert reads == 2 and plan.record.base_call_id == other  # read, found, continued
-    await elsewhere.aclose()
-    await here.aclose()
-    for engine in engines:  # (their pooled connections answer no loop after the test's)
-        await engine.dispose()
