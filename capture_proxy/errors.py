@@ -9,7 +9,8 @@
         │   ├── Unauthorized      401 missing or wrong API key
         │   ├── NotFound          404 unknown episode / call
         │   ├── Conflict          409 not open, duplicate id, reward mismatch, calls outstanding
-        │   └── PayloadTooLarge   413 body over limits.max_body_bytes (answered unread)
+        │   ├── PayloadTooLarge   413 body over limits.max_body_bytes (answered unread)
+        │   └── ClientGone        499 the client left while its call waited (answered to nobody)
         ├── UpstreamError             the engine failed → its own status (or 502) with an error body
         │   └── UpstreamTimeout   504
         ├── StoreError                the transactional store failed → 500
@@ -59,6 +60,14 @@ class Conflict(ClientError):
 class PayloadTooLarge(ClientError):
     status_code = 413
     error_type = "invalid_request_error"
+
+
+class ClientGone(ClientError):
+    """The client closed its connection before the answer: its call was cancelled (the status
+    is nginx's "client closed request"; the answer only reaches logs and tests)."""
+
+    status_code = 499
+    error_type = "client_disconnected"
 
 
 class UpstreamError(CaptureProxyError):

@@ -1,4 +1,5 @@
-"""uvicorn's HTTP protocol with a response's head and body in one write (issue 11).
+"""uvicorn's HTTP protocol: a response's head and body in one write, and a request's lost
+connection told to whoever waits on it (issue 11).
 
 uvicorn writes a response's status line and headers when the application sends
 ``http.response.start``, and its body at ``http.response.body``: two ``send`` system calls, two
@@ -10,15 +11,27 @@ step that wrote it (a stream's head still goes out before its first chunk is awa
 at c=1 on the stub engine, paired (``benchmarks/bench_pair.py``): 0.97× the CPU per call,
 0.95× streaming.
 
+A lost connection: ASGI tells an application that its client left only through ``receive()``,
+so an application that waits on something else (the engine) must keep a task in ``receive()`` to
+hear of it — a task and two turns of the loop per request, ~2–3 % of a call's CPU. The protocol
+here puts a :class:`LostConnection` into every request's scope (``scope["extensions"]
+[LOST_CONNECTION]``) and calls it when the connection is lost before the response is complete;
+:class:`~capture_proxy.responses.ClientWatch` subscribes to it when it is there, and listens on
+``receive()`` under any other server.
+
 ``serve`` and the devkit's proxy thread run uvicorn with ``http=MergedWritesProtocol``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: The scope extension that holds a request's :class:`LostConnection`.
+LOST_CONNECTION = "capture_proxy.lost_connection"
 
 
 class MergedWrites:
@@ -78,9 +91,41 @@ class MergedWrites:
         return getattr(self._real, name)
 
 
+class LostConnection:
+    """The callbacks to run if a request's connection is lost before its response is complete
+    (each once, on the loop's thread, from the protocol's ``connection_lost``)."""
+
+    __slots__ = ("callbacks", "lost")
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], object]] = []
+        self.lost = False
+
+    def fire(self) -> None:
+        self.lost = True
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+
 class MergedWritesProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through :class:`MergedWrites`."""
+    """uvicorn's httptools protocol writing through :class:`MergedWrites`, with a
+    :class:`LostConnection` in every request's scope."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         merged: Any = MergedWrites(transport, self.loop)
         super().connection_made(merged)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        scope: Any = self.scope
+        scope["extensions"] = {LOST_CONNECTION: LostConnection()}
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and cycle.disconnected:  # (set only before the response completed)
+            extensions: Any = cycle.scope.get("extensions") or {}
+            lost = extensions.get(LOST_CONNECTION)
+            if isinstance(lost, LostConnection):
+                lost.fire()

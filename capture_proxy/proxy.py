@@ -36,9 +36,15 @@ from capture_proxy.capture import (
     validate_body,
 )
 from capture_proxy.continuation import Continuations, Plan
-from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
+from capture_proxy.errors import (
+    BadRequest,
+    CaptureProxyError,
+    ClientGone,
+    Conflict,
+    UpstreamError,
+)
 from capture_proxy.metrics import CallTimer, Metrics
-from capture_proxy.responses import EventStreamResponse, JSONResponse, LastChunk
+from capture_proxy.responses import ClientWatch, EventStreamResponse, JSONResponse, LastChunk
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -75,7 +81,27 @@ class _InFlight:
     agent_id: str | None
     task: asyncio.Task[Any]  # the engine's answer (whole) or stream (its headers)
     plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)  # by a close
+    hung_up: bool = False  # the client left while the engine worked on the call
+
+
+def _client_left(entry: _InFlight) -> None:
+    """The client is gone: stop the engine's work on its call (a task already done ignores it)."""
+    entry.hung_up = True
+    entry.task.cancel()
+
+
+def _hung_up(entry: _InFlight) -> bool:
+    """The engine's request was cancelled because the client left — and only for that (the
+    handler's own task is not being cancelled, e.g. by a shutdown)."""
+    task = asyncio.current_task()
+    return entry.hung_up and not entry.cancelled.is_set() and not (task and task.cancelling())
+
+
+def _gone(headers: Mapping[str, str]) -> Response:
+    """The answer to a client that has left (it reaches nobody; logs and tests see it)."""
+    gone = ClientGone("the client closed the connection; the call was cancelled")
+    return JSONResponse(gone.to_body(), status_code=gone.status_code, headers=headers)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -171,8 +197,17 @@ class CaptureService:
         return JSONResponse(reply.body, status_code=reply.status_code)
 
     async def handle(
-        self, episode_id: str, endpoint: Endpoint, body: Any, headers: Mapping[str, str]
+        self,
+        episode_id: str,
+        endpoint: Endpoint,
+        body: Any,
+        headers: Mapping[str, str],
+        watch: ClientWatch | None = None,
     ) -> Response:
+        """One generation request. ``watch`` (started once the body is read) tells when the
+        client leaves: the engine's request is then cancelled and the call recorded
+        ``cancelled`` (``client_disconnected``) — while the engine works on a whole answer, or
+        before a stream's first bytes; a started stream is watched by its own response."""
         timer = self.metrics.timer(endpoint)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
@@ -225,6 +260,7 @@ class CaptureService:
             episode_id, call_ids, timer, attribution.role, attribution.agent_id, sending, plan
         )
         self._in_flight[request_id] = entry
+        unwatch = watch.on_leave(lambda: _client_left(entry)) if watch is not None else None
         try:
             if stream:
                 return await self._streamed(entry, request_id, endpoint, wants, n)
@@ -232,6 +268,9 @@ class CaptureService:
         except BaseException:
             self._release(request_id)
             raise
+        finally:
+            if unwatch is not None:
+                unwatch()
 
     async def _send(
         self,
@@ -288,6 +327,9 @@ class CaptureService:
             try:
                 reply: UpstreamReply = await entry.task
             except asyncio.CancelledError:
+                if _hung_up(entry):
+                    await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
+                    return _gone(headers)
                 if not entry.cancelled.is_set():
                     raise
                 await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
@@ -330,6 +372,13 @@ class CaptureService:
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
+        except asyncio.CancelledError:
+            if not _hung_up(entry):
+                raise
+            await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
+            self._release(request_id)
+            self.metrics.observe(entry.timer)
+            return _gone(headers)
         if response.status_code >= 400:
             raw = await response.aread()
             await response.aclose()

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from capture_contracts.errors import CaptureError
 from capture_proxy.api.deps import ServiceDep
-from capture_proxy.api.edge import episode_of, json_body, lower_headers, translate
+from capture_proxy.api.edge import capture_call, episode_of, json_body, translate
 from capture_proxy.api.openai_schemas import MESSAGES_RESPONSES, TRANSLATED_ANSWER
 from capture_proxy.errors import UpstreamError
 from capture_proxy.proxy import CaptureService
@@ -41,7 +41,7 @@ async def _messages(service: CaptureService, request: Request, episode: str | No
         body = await json_body(request)
         chat = tm.to_chat_request(body)
         model = str(body["model"])
-        response = await service.handle(episode_id, "chat", chat, lower_headers(request.headers))
+        response = await capture_call(service, request, episode_id, "chat", chat)
     except CaptureError as exc:
         return _anthropic_error(exc)
     return translate(

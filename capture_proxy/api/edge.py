@@ -36,8 +36,10 @@ from starlette.responses import Response
 from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.json_body import read_json
 from capture_proxy.api.schemas import ID_PATTERN
+from capture_proxy.capture import Endpoint
 from capture_proxy.errors import BadRequest
-from capture_proxy.responses import EventStreamResponse
+from capture_proxy.proxy import CaptureService
+from capture_proxy.responses import ClientWatch, EventStreamResponse
 
 Event = tuple[str, dict[str, Any]]
 _KEPT_HEADERS = ("x-capture-call-id", "x-capture-call-ids")
@@ -81,6 +83,20 @@ def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         lowered.setdefault(name.lower(), value)
     return lowered
+
+
+async def capture_call(
+    service: CaptureService, request: Request, episode_id: str, endpoint: Endpoint, body: Any
+) -> Response:
+    """``service.handle`` of a request whose body is read, its client watched meanwhile: if it
+    leaves, the engine's request is cancelled and the call recorded ``cancelled``."""
+    watch = ClientWatch(request.scope, request.receive).start()
+    try:
+        return await service.handle(
+            episode_id, endpoint, body, lower_headers(request.headers), watch
+        )
+    finally:
+        watch.stop()
 
 
 def kept_headers(response: Response) -> dict[str, str]:

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.deps import ServiceDep, StoreDep
-from capture_proxy.api.edge import lower_headers
+from capture_proxy.api.edge import capture_call
 from capture_proxy.api.json_body import read_json
 from capture_proxy.api.openai_checks import (
     check_n,
@@ -111,7 +111,7 @@ async def handle_capture(
         episode_id = _header_episode(request.headers.get("x-episode-id"))
     await authorize_episode(request, episode_id)
     body = await _checked_body(request, endpoint)
-    return await service.handle(episode_id, endpoint, body, lower_headers(request.headers))
+    return await capture_call(service, request, episode_id, endpoint, body)
 
 
 async def _proxy(

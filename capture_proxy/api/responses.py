@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from capture_proxy.api.deps import ServiceDep
-from capture_proxy.api.edge import episode_of, json_body, lower_headers, translate
+from capture_proxy.api.edge import capture_call, episode_of, json_body, translate
 from capture_proxy.api.openai_schemas import TRANSLATED_ANSWER, UPSTREAM_RESPONSES
 from capture_proxy.proxy import CaptureService
 from capture_proxy.translate import responses as tr
@@ -33,7 +33,7 @@ async def _responses(service: CaptureService, request: Request, episode: str | N
     body = await json_body(request)
     chat = tr.to_chat_request(body)
     echo = tr.Request.of(body)
-    response = await service.handle(episode_id, "chat", chat, lower_headers(request.headers))
+    response = await capture_call(service, request, episode_id, "chat", chat)
     return translate(
         response,
         whole=lambda answer: tr.from_chat_answer(answer, echo),

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.fixtures import fake_engine
-from tests.fixtures.proxy import ProxyFactory, ProxyServer
+from tests.fixtures.proxy import ProxyFactory, ProxyServer, hang_up_once_admitted
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -315,6 +315,42 @@ async def test_client_disconnect_cancels_the_call(proxy: ProxyServer) -> None:
                 break
             await asyncio.sleep(0.05)
         assert (calls[0]["status"], calls[0]["error"]) == ("cancelled", "client_disconnected")
+
+
+_WAITING: dict[str, tuple[str, dict[str, Any]]] = {  # never answered: no head, no body
+    "chat": ("v1/chat/completions", {"messages": CHAT}),
+    "chat, stream": ("v1/chat/completions", {"messages": CHAT, "stream": True}),
+    "completions": ("v1/completions", {"prompt": "hello"}),
+    "messages": ("v1/messages", {"max_tokens": 16, "messages": CHAT}),
+    "responses": ("v1/responses", {"input": "hello"}),
+}
+
+
+@pytest.mark.parametrize("route", list(_WAITING))
+async def test_a_client_that_leaves_while_the_engine_works_cancels_its_call(
+    proxy: ProxyServer, route: str
+) -> None:
+    path, body = _WAITING[route]
+    fake_engine.ABANDONED.clear()
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+        ep = await _episode(client)
+        payload = json.dumps({"model": "fake-hang", **body}).encode()
+        await hang_up_once_admitted(client, proxy.port, ep, f"/episodes/{ep}/{path}", payload)
+        for _ in range(100):
+            calls = (await client.get(f"/episodes/{ep}/calls")).json()
+            if calls[0]["status"] != "admitted":
+                break
+            await asyncio.sleep(0.02)
+        assert [(c["status"], c["error"]) for c in calls] == [("cancelled", "client_disconnected")]
+        assert len(fake_engine.ABANDONED) == 1  # the engine's request was cancelled too
+        # the proxy goes on serving, and the episode closes with nothing outstanding
+        answer = await client.post(
+            f"/episodes/{ep}/v1/chat/completions", json={"model": "fake", "messages": CHAT}
+        )
+        assert answer.status_code == 200, answer.text
+        closed = await client.post(f"/episodes/{ep}/close", json={"reward": 1.0})
+        assert closed.status_code == 200, closed.text
+        assert closed.json()["calls"]["cancelled"] == 1
 
 
 async def test_marks_by_patch_and_at_close(proxy: ProxyServer) -> None:

@@ -6,7 +6,10 @@ messages, and a direct call to vLLM with the same seed (same sampled ids, same l
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import time
 from typing import Any
 
 import httpx
@@ -15,7 +18,7 @@ import pytest
 
 from capture_devkit.engine import VLLMServer
 from tests.fixtures.db import sqlite_url
-from tests.fixtures.proxy import ProxyFactory, ProxyServer
+from tests.fixtures.proxy import ProxyFactory, ProxyServer, hang_up_once_admitted
 
 pytestmark = pytest.mark.vllm
 
@@ -98,6 +101,51 @@ async def test_chat_capture_equals_engine(
     )
     assert call["finish_reason"] == choice["finish_reason"]
     assert call["status"] == "completed"
+
+
+def _engine_metric(vllm: VLLMServer, name: str) -> float:
+    """One of vLLM's Prometheus figures (summed over its label sets)."""
+    text = httpx.get(f"{vllm.base_url}/metrics", timeout=30).text
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert values, f"vLLM reports no {name}"
+    return sum(float(v) for v in values)
+
+
+async def test_a_client_that_leaves_a_long_generation_stops_the_engine(
+    proxy: ProxyServer, vllm_server: VLLMServer
+) -> None:
+    budget = vllm_server.max_model_len - 100  # seconds of generation on this engine
+    request = {
+        "model": vllm_server.served_model_name,
+        "messages": MESSAGES,
+        "max_tokens": budget,
+        "min_tokens": budget,
+    }
+    generated = _engine_metric(vllm_server, "vllm:generation_tokens_total")
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+        episode_id, _ = await _new_episode(client)
+        path = f"/episodes/{episode_id}/v1/chat/completions"
+        await hang_up_once_admitted(
+            client, proxy.port, episode_id, path, json.dumps(request).encode()
+        )
+        left = time.monotonic()
+        for _ in range(200):
+            [call] = await _calls(client, episode_id)
+            if call["status"] != "admitted":
+                break
+            await asyncio.sleep(0.02)
+        assert (call["status"], call["error"]) == ("cancelled", "client_disconnected")
+        running = 1.0
+        while time.monotonic() - left < 10:
+            running = _engine_metric(vllm_server, "vllm:num_requests_running")
+            if running == 0:
+                break
+            await asyncio.sleep(0.05)
+        stopped_after = time.monotonic() - left
+    assert running == 0
+    # the engine stopped well before the end of the generation it was asked for
+    tokens = _engine_metric(vllm_server, "vllm:generation_tokens_total") - generated
+    assert tokens < budget / 2, (tokens, stopped_after)
 
 
 async def test_completions_token_prompt_and_n2(proxy: ProxyServer, vllm_server: VLLMServer) -> None:

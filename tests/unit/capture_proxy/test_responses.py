@@ -1,4 +1,5 @@
-"""EventStreamResponse: Starlette's streaming behaviour without its task group (issue 11)."""
+"""EventStreamResponse: Starlette's streaming behaviour without its task group (issue 11); the
+ClientWatch under it and under the capture routes' whole answers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from capture_proxy.responses import EventStreamResponse, LastChunk
+from capture_proxy.http_protocol import LOST_CONNECTION, LostConnection
+from capture_proxy.responses import ClientWatch, EventStreamResponse, LastChunk
 
 
 class _Server:
@@ -116,3 +118,48 @@ async def test_a_last_chunk_completes_the_response_in_its_own_write_then_cleans_
     bodies = [(m["body"], m["more_body"]) for m in server.sent[1:]]
     assert bodies == [(b"data: 0\n\n", True), (b"data: 1\n\ndata: [DONE]\n\n", False)]
     assert order == ["cleanup, response complete: True"]
+
+
+async def test_a_watch_on_receive_tells_a_leave_once_and_nothing_after_stop() -> None:
+    server = _Server({"type": "http.request", "body": b"", "more_body": False})
+    told: list[str] = []
+    watch = ClientWatch({"type": "http"}, server.receive).start()
+    watch.on_leave(lambda: told.append("a"))
+    unsubscribe = watch.on_leave(lambda: told.append("b"))
+    unsubscribe()
+    for _ in range(3):
+        await asyncio.sleep(0)  # an empty body part: it listens again
+    assert told == [] and not watch.left
+    server.over.set()  # the client hangs up
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert told == ["a"] and watch.left
+    watch.on_leave(lambda: told.append("late"))  # after the leave: at once
+    assert told == ["a", "late"]
+
+    quiet = _Server()
+    stopped = ClientWatch({"type": "http"}, quiet.receive).start()
+    stopped.on_leave(lambda: told.append("stopped"))
+    stopped.stop()
+    quiet.over.set()  # (the server's disconnect after a complete response)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert "stopped" not in told and not stopped.left
+
+
+async def test_a_watch_with_the_protocols_lost_connection_never_reads_receive() -> None:
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the protocol tells the watch; receive() is not read")
+
+    lost = LostConnection()
+    scope = {"type": "http", "extensions": {LOST_CONNECTION: lost}}
+    told: list[int] = []
+    watch = ClientWatch(scope, receive).start()
+    watch.on_leave(lambda: told.append(1))
+    stopped = ClientWatch(scope, receive).start()
+    stopped.on_leave(lambda: told.append(2))
+    stopped.stop()
+    assert len(lost.callbacks) == 1
+    lost.fire()  # the connection is lost before the response completed
+    assert told == [1] and watch.left and not stopped.left
+    assert ClientWatch(scope, receive).start().left  # started after the loss: left at once
