@@ -204,10 +204,11 @@ class CaptureService:
         headers: Mapping[str, str],
         watch: ClientWatch | None = None,
     ) -> Response:
-        """One generation request. ``watch`` (started once the body is read) tells when the
-        client leaves: the engine's request is then cancelled and the call recorded
-        ``cancelled`` (``client_disconnected``) — while the engine works on a whole answer, or
-        before a stream's first bytes; a started stream is watched by its own response."""
+        """One generation request. ``watch`` (started once the body is read, stopped by the
+        caller when this returns) tells when the client leaves: the engine's request is then
+        cancelled and the call recorded ``cancelled`` (``client_disconnected``) — while the
+        engine works on a whole answer, or before a stream's first bytes; a started stream is
+        watched by its own response."""
         timer = self.metrics.timer(endpoint)
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
@@ -260,7 +261,8 @@ class CaptureService:
             episode_id, call_ids, timer, attribution.role, attribution.agent_id, sending, plan
         )
         self._in_flight[request_id] = entry
-        unwatch = watch.on_leave(lambda: _client_left(entry)) if watch is not None else None
+        if watch is not None:  # (its owner stops it once this returns)
+            watch.on_leave(lambda: _client_left(entry))
         try:
             if stream:
                 return await self._streamed(entry, request_id, endpoint, wants, n)
@@ -268,9 +270,6 @@ class CaptureService:
         except BaseException:
             self._release(request_id)
             raise
-        finally:
-            if unwatch is not None:
-                unwatch()
 
     async def _send(
         self,

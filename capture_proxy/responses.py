@@ -91,19 +91,12 @@ class ClientWatch:
         for callback in callbacks:
             callback()
 
-    def on_leave(self, callback: Callable[[], object]) -> Callable[[], None]:
-        """Run ``callback`` when the client leaves (at once if it has); the function returned
-        unsubscribes it."""
+    def on_leave(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` when the client leaves (at once if it has), unless stopped first."""
         if self.left:
             callback()
-            return _nothing
-        self._callbacks.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
-
-        return unsubscribe
+        else:
+            self._callbacks.append(callback)
 
     def stop(self) -> None:
         """Stop listening (the callbacks will not run)."""
@@ -113,10 +106,6 @@ class ClientWatch:
         listening, self._listening = self._listening, None
         if listening is not None:
             listening.cancel()
-
-
-def _nothing() -> None:
-    return None
 
 
 class LastChunk(bytes):
