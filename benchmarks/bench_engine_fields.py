@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import _process_group, measure
+from bench_proxy import engine_on_core, measure, pin_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,13 +76,7 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    engine_env: dict[str, str] = {}
-    if args.engine_core is not None:
-        others = sorted(os.sched_getaffinity(0) - {args.engine_core})
-        if not others:
-            raise SystemExit("--engine-core leaves no core for the load")
-        engine_env = {"VLLM_CPU_OMP_THREADS_BIND": str(args.engine_core), "OMP_NUM_THREADS": "1"}
-        os.sched_setaffinity(0, others)
+    engine_env, _ = engine_on_core(args.engine_core)
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_model(Path(tmp) / "tiny-model")
         server = VLLMServer(
@@ -94,10 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         with server:
             if args.engine_core is not None:
-                assert server.process is not None
-                for pid in _process_group(server.process.pid):
-                    for tid in os.listdir(f"/proc/{pid}/task"):
-                        os.sched_setaffinity(int(tid), {args.engine_core})
+                pin_engine(server, args.engine_core)
             forms = _forms(server.base_url)
             for path, body in forms.values():  # warm up every path
                 measure(server.port, [path], body, args.concurrency, 2, None)

@@ -255,6 +255,26 @@ def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def engine_on_core(core: int | None) -> tuple[dict[str, str], list[int]]:
+    """``--engine-core``: the engine's environment (one OpenMP thread, bound to ``core``) and the
+    other cores, which this process (the load) moves to; nothing for None."""
+    if core is None:
+        return {}, []
+    others = sorted(os.sched_getaffinity(0) - {core})
+    if not others:
+        raise SystemExit("--engine-core leaves no core for the proxy and the load")
+    os.sched_setaffinity(0, others)
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}, others
+
+
+def pin_engine(server: Any, core: int) -> None:
+    """Every thread of the running engine's process group onto ``core``."""
+    assert server.process is not None
+    for pid in _process_group(server.process.pid):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), {core})
+
+
 def _process_group(pgid: int) -> list[int]:
     """The processes of a process group (the engine's launcher and its workers)."""
     found = []
@@ -274,25 +294,17 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     chat, stream, with_fields = _vllm_bodies()
     model = build_tiny_model(tmp / "tiny-model")
     report: dict[str, Any] = {"engine": "vllm", "store": args.store, "levels": {}}
-    engine_env, pinned = {}, []
-    if args.engine_core is not None:  # the engine on one core; the proxy and the load elsewhere
-        others = sorted(os.sched_getaffinity(0) - {args.engine_core})
-        if not others:
-            raise SystemExit("--engine-core leaves no core for the proxy and the load")
-        # vLLM's CPU worker then runs one OpenMP thread, bound to that core
-        engine_env = {"VLLM_CPU_OMP_THREADS_BIND": str(args.engine_core), "OMP_NUM_THREADS": "1"}
-        pinned = ["taskset", "-c", ",".join(map(str, others))]
-        os.sched_setaffinity(0, others)  # this process: the load
+    # the engine on one core; the proxy and the load elsewhere
+    engine_env, others = engine_on_core(args.engine_core)
+    pinned = ["taskset", "-c", ",".join(map(str, others))] if others else []
+    if args.engine_core is not None:
         report["engine_core"] = args.engine_core
     server = VLLMServer(
         model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"], extra_env=engine_env
     )
     with server:
         if args.engine_core is not None:  # its API process and threads too
-            assert server.process is not None
-            for pid in _process_group(server.process.pid):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    os.sched_setaffinity(int(tid), {args.engine_core})
+            pin_engine(server, args.engine_core)
         proxy_port = free_port()
         serve = [*pinned, sys.executable, "-m", "capture_proxy.cli", "serve"]
         serve += ["--log-level", "warning"]
