@@ -296,7 +296,11 @@ class CaptureService:
         base = record.base_call_id if record is not None else None
         with self.metrics.commit_timer():
             seqs = await self.store.writer.complete(
-                entry.episode_id, entry.call_ids, generations, base
+                entry.episode_id,
+                entry.call_ids,
+                generations,
+                base,
+                alone=len(self._in_flight) == 1,  # (this call's own entry)
             )
         moved = len(entry.call_ids) if seqs is not None else 0
         self.metrics.finished("completed", moved, entry.role, _token_counts(generations))

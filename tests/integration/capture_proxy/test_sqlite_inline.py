@@ -20,7 +20,7 @@ from capture_proxy.stitch import chain
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.store.writer import INLINE_READ_ROWS
+from capture_proxy.store.writer import INLINE_READ_ROWS, INLINE_WRITES_PER_CHECKPOINT
 from capture_proxy.upstream import Upstream
 from tests.fixtures.db import sqlite_url
 
@@ -52,6 +52,63 @@ async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
     assert (found.call_id, found.reply_hash) == (call, "r")
     [info] = await store.list_calls(ep)
     assert (info.status, info.admitted_seq, info.completed_seq) == ("completed", 1, 2)
+    await store.aclose()
+
+
+async def test_a_lone_calls_completion_commits_on_the_loop_thread_and_others_do_not(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    """A synced commit is made at once only for a call alone in the process (``alone``); one
+    with company, or while the writer thread is busy, goes to the writer thread's batches."""
+    path = tmp_path / "capture.db"
+    store = _store(make_store, path)
+    writer = store.writer
+    here = threading.get_ident()
+    ep = (await store.create_episode("inline")).episode_id
+    await writer._run(_thread_of)  # the writer thread runs (and has set WAL mode)
+    assert await writer._run(_thread_of, alone=True) == here
+    assert await writer._run(_thread_of, alone=False) != here
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock: no waiting here
+    pending = asyncio.create_task(writer._run(_thread_of, alone=True))
+    await asyncio.sleep(0.2)
+    assert not pending.done()
+    other.execute("COMMIT")
+    other.close()
+    assert await asyncio.wait_for(pending, 30) != here
+    [call] = await store.admit(ep, Admission("chat", False, 1, "policy", "a"))
+    assert await writer.complete(ep, [call], [GEN], alone=True) == [2]
+    [info] = await store.list_calls(ep)
+    assert (info.status, info.admitted_seq, info.completed_seq) == ("completed", 1, 2)
+    await store.aclose()
+
+
+async def test_commits_on_the_loop_thread_have_the_writer_thread_checkpoint_the_wal(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    """Lone calls commit on the loop's thread, which never checkpoints: every so many of its
+    commits the writer thread does, so the WAL stays as small as SQLite's own checkpoints keep
+    it (without them, these calls' WAL would hold ~20 MB)."""
+    path = tmp_path / "capture.db"
+    store = _store(make_store, path)
+    ep = (await store.create_episode("inline")).episode_id
+    await store.writer._run(_thread_of)
+    admission = Admission("chat", False, 1, "policy", "a")
+    gen = Generation(list(range(64)), list(range(20)), [-0.5] * 20, "stop")
+    calls = 3 * INLINE_WRITES_PER_CHECKPOINT  # two commits each: ~6 checkpoints asked for
+    for _ in range(calls):
+        ids = await store.admit(ep, admission)
+        assert await store.writer.complete(ep, ids, [gen], alone=True)
+    sqlite_writer = store.writer._sqlite
+    assert sqlite_writer is not None
+    for _ in range(100):  # (the last one asked for may still be running)
+        if sqlite_writer.checkpoints >= 3:
+            break
+        await asyncio.sleep(0.05)
+    assert sqlite_writer.checkpoints >= 3  # (a few commits went to the writer thread)
+    wal = path.with_name(path.name + "-wal").stat().st_size
+    assert wal < 8 * 2**20, wal
+    assert len(await store.list_calls(ep)) == calls
     await store.aclose()
 
 

@@ -1,8 +1,9 @@
 """What reaches the disk when, on SQLite with ``store.sqlite_synchronous=FULL``: the syscalls.
 
 A completion's commit syncs the WAL (``fdatasync``) before its future settles, so before the
-harness is answered; an admission's commit does not (nothing is promised of a call until its
-completion commits, and the completion's sync covers the admission, written to the WAL before it).
+harness is answered — on the writer thread, or on the caller's for a lone call; an admission's
+commit does not (nothing is promised of a call until its completion commits, and the
+completion's sync covers the admission, written to the WAL before it).
 ``NORMAL`` syncs neither. Counted with strace on a real store in a process of its own.
 """
 
@@ -36,11 +37,11 @@ SCRIPT = textwrap.dedent(
         ep = (await store.create_episode("sync")).episode_id
         admission = Admission("chat", False, 1, "policy", "agent")
         gen = Generation([1, 2, 3], [4, 5], [-0.5, -0.25], "stop")
-        for _ in range(3):
+        for alone in (False, False, False, True, True, True):
             mark("admit")
             ids = await store.admit(ep, admission)
-            mark("complete")
-            await store.writer.complete(ep, ids, [gen])
+            mark("complete_alone" if alone else "complete")
+            await store.writer.complete(ep, ids, [gen], alone=alone)
         mark("fail")
         ids = await store.admit(ep, admission)
         mark("finish")
@@ -80,9 +81,12 @@ def _syncs_per_step(tmp_path: Path, synchronous: str) -> dict[str, list[int]]:
 
 
 def test_a_completion_syncs_its_commit_and_an_admission_does_not(tmp_path: Path) -> None:
+    """A lone call's completion (``alone``: committed on the caller's thread) syncs as well."""
     full = _syncs_per_step(tmp_path, "FULL")
-    assert full["admit"] == [0, 0, 0], full
-    assert all(n >= 1 for n in full["complete"]), full
+    assert full["admit"] == [0] * 6, full
+    assert len(full["complete"]) == 3 and all(n >= 1 for n in full["complete"]), full
+    assert len(full["complete_alone"]) == 3 and all(n >= 1 for n in full["complete_alone"]), full
     assert full["finish"][0] >= 1, full  # a failure is recorded durably too
     normal = _syncs_per_step(tmp_path, "NORMAL")
-    assert normal["admit"] == [0, 0, 0] and normal["complete"] == [0, 0, 0], normal
+    assert normal["admit"] == [0] * 6 and normal["complete"] == [0, 0, 0], normal
+    assert normal["complete_alone"] == [0, 0, 0], normal
