@@ -91,6 +91,12 @@ BAD_BODIES: list[tuple[str, str, bytes, str | None]] = [
         _raw('{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}'),
         None,
     ),
+    (
+        "a number beyond a float",
+        CHAT,
+        _raw('{"messages": [{"role": "user", "content": "x"}], "temperature": 1e400}'),
+        None,
+    ),
     ("lone surrogate", CHAT, _raw('{"messages": [{"role": "user", "content": "\\ud800"}]}'), None),
     ("not an object", CHAT, b"[1, 2]", None),
     ("messages not a list", CHAT, _raw('{"messages": "hello"}'), "messages"),

@@ -1,0 +1,45 @@
+"""The request body's JSON: orjson where it is exact, the standard library where it is not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capture_proxy.api.json_body import parse_json
+from capture_proxy.errors import BadRequest
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"prompt": [2**63 - 1, -(2**63)], "seed": 2**64 - 1},  # orjson's own range
+        {"seed": 2**64, "big": -(2**63) - 1, "huge": 10**40},  # beyond it: read exactly too
+        {"text": "snow ☃ and 😀", "t": 0.7, "z": -0.0, "e": 1e-300, "n": None, "b": [True]},
+        {"id": "1234567890123456789012"},  # a long digit run in a string: the same value
+        [1, "two", {"three": 3.5}],
+    ],
+)
+def test_a_body_parses_to_the_value_the_standard_library_reads(value: object) -> None:
+    raw = json.dumps(value, ensure_ascii=False).encode()
+    parsed = parse_json(raw)
+    assert parsed == value
+    assert json.dumps(parsed) == json.dumps(value)  # ints stay ints, floats floats
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"t": NaN}', "NaN is not a JSON number"),
+        (b'{"t": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"t": 1e400}', "inf is not a JSON number"),  # overflows to infinity when parsed
+        (b'{"s": "\\ud800"}', "lone UTF-16 surrogate"),
+        (b'{"s": "\\ud800", "seed": 12345678901234567890}', "lone UTF-16 surrogate"),
+        (b'{"s": "\xff"}', "not valid UTF-8"),
+        (b'{"a": [1, 2}', "not valid JSON"),
+    ],
+)
+def test_a_refused_body_says_why(raw: bytes, says: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        parse_json(raw)
+    assert says in refused.value.message
