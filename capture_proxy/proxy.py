@@ -1,8 +1,10 @@
 """The capture path: admit → forward → capture → commit → answer (DESIGN §3).
 
-The harness's last byte (the whole body, or the stream's ``[DONE]``) is sent only after the
-completion is committed. Every admitted call ends ``completed``, ``failed`` or ``cancelled``;
-the in-flight registry lets a close cancel this process's calls upstream.
+The service answers outcomes (:mod:`capture_proxy.outcomes`), never HTTP responses: the API layer
+builds those. A whole answer is returned, and a stream's end is yielded, only after the
+completion is committed, so the harness's last byte (the whole body, or the stream's ``[DONE]``)
+follows the commit. Every admitted call ends ``completed``, ``failed`` or ``cancelled``; the
+in-flight registry lets a close cancel this process's calls upstream.
 """
 
 from __future__ import annotations
@@ -10,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import orjson
-from starlette.responses import Response
 
 from capture_contracts.vocabulary import (
     CANCELLED_BY_CLOSE,
@@ -44,7 +45,8 @@ from capture_proxy.errors import (
     UpstreamError,
 )
 from capture_proxy.metrics import CallTimer, Metrics
-from capture_proxy.responses import ClientWatch, EventStreamResponse, JSONResponse, LastChunk
+from capture_proxy.outcomes import Answer, Outcome, Piece, Stream, StreamEnd
+from capture_proxy.responses import ClientWatch
 from capture_proxy.settings import Settings
 from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
@@ -98,35 +100,31 @@ def _hung_up(entry: _InFlight) -> bool:
     return entry.hung_up and not entry.cancelled.is_set() and not (task and task.cancelling())
 
 
-def _gone(headers: Mapping[str, str]) -> Response:
+def _gone(headers: Mapping[str, str]) -> Answer:
     """The answer to a client that has left (it reaches nobody; logs and tests see it)."""
     gone = ClientGone("the client closed the connection; the call was cancelled")
-    return JSONResponse(gone.to_body(), status_code=gone.status_code, headers=headers)
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    return Answer(gone.to_body(), gone.status_code, headers)
 
 
 def _pass_on(
     events: list[str], entry: _InFlight, capture: StreamCapture, wants: ClientWants
-) -> tuple[bytes, bool]:
+) -> tuple[list[dict[str, Any]], bool]:
     """Capture a batch of streamed chunks; what the harness gets of them, and whether [DONE] came.
 
-    What arrived together goes out together: one write, not one per event.
+    What arrived together goes out together (one piece: one write).
     """
-    out: list[bytes] = []
+    out: list[dict[str, Any]] = []
     for data in events:
         if data.strip() == "[DONE]":
-            return b"".join(out), True
+            return out, True
         chunk = orjson.loads(data)
         if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
             raise UpstreamError(f"engine error in stream: {chunk['error']}")
         capture.feed(chunk)
         if entry.plan is not None:
             entry.plan.replies.feed(chunk)
-        out.append(_sse(scrub(chunk, wants)))
-    return b"".join(out), False
+        out.append(scrub(chunk, wants))
+    return out, False
 
 
 def _token_counts(generations: list[Generation]) -> tuple[int, int]:
@@ -192,9 +190,9 @@ class CaptureService:
 
     # -- the proxy --------------------------------------------------------------------------
 
-    async def models(self) -> Response:
+    async def models(self) -> Answer:
         reply = await self.upstream.get_json("/v1/models")
-        return JSONResponse(reply.body, status_code=reply.status_code)
+        return Answer(reply.body, reply.status_code)
 
     async def handle(
         self,
@@ -203,7 +201,7 @@ class CaptureService:
         body: Any,
         headers: Mapping[str, str],
         watch: ClientWatch | None = None,
-    ) -> Response:
+    ) -> Outcome:
         """One generation request. ``watch`` (started once the body is read, stopped by the
         caller when this returns) tells when the client leaves: the engine's request is then
         cancelled and the call recorded ``cancelled`` (``client_disconnected``) — while the
@@ -324,7 +322,7 @@ class CaptureService:
         endpoint: Endpoint,
         wants: ClientWants,
         n: int,
-    ) -> Response:
+    ) -> Answer:
         headers = _call_headers(entry.call_ids, request_id)
         try:
             try:
@@ -342,12 +340,12 @@ class CaptureService:
             if reply.status_code >= 400:
                 message = str(reply.body.get("error", {}).get("message", ""))
                 await self._fail(entry, "failed", f"upstream {reply.status_code}: {message}")
-                return JSONResponse(reply.body, status_code=reply.status_code, headers=headers)
+                return Answer(reply.body, reply.status_code, headers)
             generations = generations_from_response(endpoint, reply.body, n)
             generations = self.continuations.replies(entry.plan, generations, reply.body)
             if not await self._complete(entry, generations):
                 raise Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
-            return JSONResponse(scrub(reply.body, wants), headers=headers)
+            return Answer(scrub(reply.body, wants), 200, headers)
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
@@ -368,7 +366,7 @@ class CaptureService:
         endpoint: Endpoint,
         wants: ClientWants,
         n: int,
-    ) -> Response:
+    ) -> Answer | Stream:
         headers = _call_headers(entry.call_ids, request_id)
         try:
             response: RawResponse = await entry.task
@@ -389,25 +387,22 @@ class CaptureService:
             await self._fail(entry, "failed", f"upstream {response.status_code}: {raw[:500]!r}")
             self._release(request_id)
             self.metrics.observe(entry.timer)
-            return JSONResponse(body, status_code=response.status_code, headers=headers)
-        return EventStreamResponse(
-            self._relay(entry, request_id, endpoint, response, wants, n),
-            headers={**headers, "cache-control": "no-cache"},
-        )
+            return Answer(body, response.status_code, headers)
+        return Stream(self._relay(entry, request_id, endpoint, response, wants, n), headers)
 
-    async def _relay_failed(self, entry: _InFlight, exc: Exception) -> bytes:
-        """Record a stream that could not finish; the error event that ends it."""
+    async def _relay_failed(self, entry: _InFlight, exc: Exception) -> dict[str, Any]:
+        """Record a stream that could not finish; the error that ends it."""
         if entry.cancelled.is_set():
             await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
-            return _sse(Conflict("the episode was closed; this call was cancelled").to_body())
+            return Conflict("the episode was closed; this call was cancelled").to_body()
         if isinstance(exc, CaptureProxyError | ValueError):  # (ValueError: a chunk not JSON)
             message = exc.message if isinstance(exc, CaptureProxyError) else str(exc)
             await self._fail(entry, "failed", f"{type(exc).__name__}: {message}")
             error = exc if isinstance(exc, CaptureProxyError) else UpstreamError(message)
-            return _sse(error.to_body())
+            return error.to_body()
         log.error("stream relay failed", exc_info=exc)  # a fault of the proxy's own
         await self._fail(entry, "failed", _internal(exc))
-        return _sse(CaptureProxyError("internal error").to_body())
+        return CaptureProxyError("internal error").to_body()
 
     async def _relay(
         self,
@@ -417,14 +412,14 @@ class CaptureService:
         response: RawResponse,
         wants: ClientWants,
         n: int,
-    ) -> AsyncIterator[bytes]:
-        """Pass the engine's chunks through while capturing tokens; [DONE] only after commit.
+    ) -> AsyncGenerator[Piece, None]:
+        """Pass the engine's chunks through while capturing tokens; the end only after commit.
 
-        The chunks that came with the engine's [DONE] go out with ours, after the commit, in
-        the response's last write (a stream that arrives whole is one write, not four)."""
+        The chunks that came with the engine's [DONE] go out in the :class:`StreamEnd`, after
+        the commit (the response's last write: a stream that arrives whole is one write)."""
         capture = StreamCapture(endpoint, n)
         settled = done = False
-        tail = b""
+        tail: list[dict[str, Any]] = []
         try:
             async for events in entry.timer.upstream_chunks(sse_batches(response)):
                 out, done = _pass_on(events, entry, capture, wants)
@@ -441,14 +436,14 @@ class CaptureService:
             generations = self.continuations.replies(entry.plan, capture.generations())
             if await self._complete(entry, generations):
                 settled = True
-                yield LastChunk(tail + b"data: [DONE]\n\n")
+                yield StreamEnd(tail)
             else:
                 settled = True
                 conflict = Conflict(_RESOLVED_MEANWHILE, code="call_resolved")
-                yield LastChunk(tail + _sse(conflict.to_body()))
+                yield StreamEnd(tail, conflict.to_body())
         except Exception as exc:
             settled = True
-            yield LastChunk(tail + await self._relay_failed(entry, exc))
+            yield StreamEnd(tail, await self._relay_failed(entry, exc))
         finally:
             self._release(request_id)
             self.metrics.observe(entry.timer)

@@ -41,11 +41,11 @@ async def _messages(service: CaptureService, request: Request, episode: str | No
         body = await json_body(request)
         chat = tm.to_chat_request(body)
         model = str(body["model"])
-        response = await capture_call(service, request, episode_id, "chat", chat)
+        outcome = await capture_call(service, request, episode_id, "chat", chat)
     except CaptureError as exc:
         return _anthropic_error(exc)
     return translate(
-        response,
+        outcome,
         whole=lambda answer: tm.from_chat_answer(answer, model),
         error=tm.error_from_openai,
         stream=lambda: tm.MessageStream(model),

@@ -2,15 +2,15 @@
 
 A route translates its request to a chat request (``capture_proxy.translate``), hands it to
 ``CaptureService.handle(episode_id, "chat", body, headers)`` — the same seam the chat route
-uses, so admission, capture, commit and stitching are the chat path's — and translates what comes
-back:
+uses, so admission, capture, commit and stitching are the chat path's — and translates the
+outcome (:mod:`capture_proxy.outcomes`):
 
-- a whole JSON answer → the API's answer object (errors → the API's error shape);
-- the chat SSE stream → the API's events, chunk by chunk as they arrive. The proxy sends
-  ``[DONE]`` only after the call is committed; the translators emit their closing events
-  (``message_stop``, ``response.completed``) only on ``[DONE]``, so the harness's last event
-  still means "durably recorded". Closing the translated stream closes the proxy's, which
-  cancels the upstream request and records the call ``cancelled``.
+- a whole answer → the API's answer object (errors → the API's error shape);
+- a stream → the API's events, piece by piece as the chunks arrive (each piece one write). The
+  service yields the stream's end only after the call is committed; the translators emit their
+  closing events (``message_stop``, ``response.completed``) only there, so the harness's last
+  event still means "durably recorded". Closing the translated stream closes the service's,
+  which cancels the upstream request and records the call ``cancelled``.
 
 The ``X-Capture-Call-Id`` / ``X-Capture-Call-Ids`` headers are passed on.
 """
@@ -18,31 +18,23 @@ The ``X-Capture-Call-Id`` / ``X-Capture-Call-Ids`` headers are passed on.
 from __future__ import annotations
 
 import json
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Callable,
-    Iterable,
-    Mapping,
-)
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Protocol
 
-import anyio
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 
+from capture_proxy.api.answers import STREAM_HEADERS
 from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.json_body import read_json
 from capture_proxy.api.schemas import ID_PATTERN
 from capture_proxy.capture import Endpoint
 from capture_proxy.errors import BadRequest
+from capture_proxy.outcomes import Answer, Outcome, Piece, StreamEnd
 from capture_proxy.proxy import CaptureService
-from capture_proxy.responses import ClientWatch, EventStreamResponse
+from capture_proxy.responses import ClientWatch, EventStreamResponse, JSONResponse, LastChunk
 
 Event = tuple[str, dict[str, Any]]
-_KEPT_HEADERS = ("x-capture-call-id", "x-capture-call-ids")
 
 
 class StreamTranslator(Protocol):
@@ -87,7 +79,7 @@ def lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 async def capture_call(
     service: CaptureService, request: Request, episode_id: str, endpoint: Endpoint, body: Any
-) -> Response:
+) -> Outcome:
     """``service.handle`` of a request whose body is read, its client watched meanwhile: if it
     leaves, the engine's request is cancelled and the call recorded ``cancelled``."""
     watch = ClientWatch(request.scope, request.receive).start()
@@ -99,55 +91,47 @@ async def capture_call(
         watch.stop()
 
 
-def kept_headers(response: Response) -> dict[str, str]:
-    return {name: response.headers[name] for name in _KEPT_HEADERS if name in response.headers}
-
-
 def sse_event(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-async def _chat_events(body: AsyncIterable[Any]) -> AsyncGenerator[str, None]:
-    """The ``data:`` payloads of the proxy's chat stream."""
-    buffer = ""
-    async for piece in body:
-        buffer += piece.decode() if isinstance(piece, bytes | bytearray) else str(piece)
-        while "\n\n" in buffer:
-            event, buffer = buffer.split("\n\n", 1)
-            data = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
-            if data:
-                yield "\n".join(data)
+class _TranslatedBody:
+    """A captured stream's pieces as the API's events (one write a piece); closing it closes
+    the service's stream, started or not."""
 
+    __slots__ = ("_pieces", "_render", "_translator")
 
-async def _translated(
-    body: AsyncIterable[Any], translator: StreamTranslator, render: Callable[[Event], bytes]
-) -> AsyncIterator[bytes]:
-    events = _chat_events(body)
-    try:
-        async for data in events:
-            out: Iterable[Event]
-            if data.strip() == "[DONE]":
-                out = translator.finish()
-            else:
-                chunk = json.loads(data)
-                if isinstance(chunk, dict) and "error" in chunk and "choices" not in chunk:
-                    out = translator.error(chunk)
-                else:
-                    out = translator.feed(chunk)
-            for event in out:
-                yield render(event)
-    finally:
-        # Shielded: on a client disconnect this runs inside a cancelled scope, and the proxy's
-        # stream must still be closed so it records the call cancelled (DESIGN §3).
-        with anyio.CancelScope(shield=True):
-            await events.aclose()
-            close = getattr(body, "aclose", None)
-            if close is not None:
-                await close()
+    def __init__(
+        self,
+        pieces: AsyncGenerator[Piece, None],
+        translator: StreamTranslator,
+        render: Callable[[Event], bytes],
+    ) -> None:
+        self._pieces = pieces
+        self._translator = translator
+        self._render = render
+
+    def __aiter__(self) -> _TranslatedBody:
+        return self
+
+    async def __anext__(self) -> bytes:
+        translator = self._translator
+        while True:  # (a piece may translate to no event: nothing to write for it)
+            piece = await self._pieces.__anext__()
+            chunks = piece.chunks if isinstance(piece, StreamEnd) else piece
+            events = [event for chunk in chunks for event in translator.feed(chunk)]
+            if isinstance(piece, StreamEnd):
+                end = translator.finish() if piece.error is None else translator.error(piece.error)
+                return LastChunk(b"".join(map(self._render, events + end)))
+            if events:
+                return b"".join(map(self._render, events))
+
+    async def aclose(self) -> None:
+        await self._pieces.aclose()
 
 
 def translate(
-    response: Response,
+    outcome: Outcome,
     *,
     whole: Callable[[dict[str, Any]], dict[str, Any]],
     error: Callable[[int, Any], dict[str, Any]],
@@ -155,16 +139,10 @@ def translate(
     render: Callable[[Event], bytes] = lambda e: sse_event(*e),
 ) -> Response:
     """The API's response for what ``CaptureService.handle`` answered."""
-    headers = kept_headers(response)
-    if isinstance(response, StreamingResponse):
-        return EventStreamResponse(
-            _translated(response.body_iterator, stream(), render),
-            headers={**headers, "cache-control": "no-cache"},
-        )
-    try:
-        payload = json.loads(bytes(response.body))
-    except ValueError:
-        payload = {"error": {"message": bytes(response.body)[:500].decode(errors="replace")}}
-    if response.status_code >= 400:
-        return JSONResponse(error(response.status_code, payload), response.status_code, headers)
-    return JSONResponse(whole(payload), headers=headers)
+    headers = dict(outcome.headers)
+    if not isinstance(outcome, Answer):
+        body = _TranslatedBody(outcome.pieces, stream(), render)
+        return EventStreamResponse(body, headers={**headers, **STREAM_HEADERS})
+    if outcome.status_code >= 400:
+        return JSONResponse(error(outcome.status_code, outcome.body), outcome.status_code, headers)
+    return JSONResponse(whole(outcome.body), headers=headers)

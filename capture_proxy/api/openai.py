@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request
 from starlette.responses import Response
 
+from capture_proxy.api.answers import openai_response
 from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.deps import ServiceDep, StoreDep
 from capture_proxy.api.edge import capture_call
@@ -111,7 +112,7 @@ async def handle_capture(
         episode_id = _header_episode(request.headers.get("x-episode-id"))
     await authorize_episode(request, episode_id)
     body = await _checked_body(request, endpoint)
-    return await capture_call(service, request, episode_id, endpoint, body)
+    return openai_response(await capture_call(service, request, episode_id, endpoint, body))
 
 
 async def _proxy(
@@ -144,7 +145,7 @@ async def models(
 ) -> Response:
     await authorize_episode(request, episode_id)
     await store.get_episode(episode_id)
-    return await service.models()
+    return openai_response(await service.models())
 
 
 @router.post(
@@ -174,4 +175,4 @@ async def models_by_header(
     service: ServiceDep, request: Request, x_episode_id: EpisodeHeader = None
 ) -> Response:
     await authorize_episode(request, x_episode_id and _header_episode(x_episode_id))
-    return await service.models()
+    return openai_response(await service.models())

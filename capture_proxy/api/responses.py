@@ -33,9 +33,9 @@ async def _responses(service: CaptureService, request: Request, episode: str | N
     body = await json_body(request)
     chat = tr.to_chat_request(body)
     echo = tr.Request.of(body)
-    response = await capture_call(service, request, episode_id, "chat", chat)
+    outcome = await capture_call(service, request, episode_id, "chat", chat)
     return translate(
-        response,
+        outcome,
         whole=lambda answer: tr.from_chat_answer(answer, echo),
         error=_openai_error,
         stream=lambda: tr.ResponseStream(echo),
