@@ -3,7 +3,8 @@
 ::
 
     python benchmarks/bench_pair.py --before /tmp/base [--after .] [--concurrency 1,16,64]
-                                    [--slices 16] [--slice 1.5] [--stream] [--json]
+                                    [--slices 16] [--slice 1.5] [--stream]
+                                    [--api chat|messages|responses] [--json]
 
 A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
 differ more than most changes do), so a before/after pair measured one after the other says
@@ -12,7 +13,9 @@ checkout of this repository (``git worktree add /tmp/base <rev>``), each run fro
 directory on its own SQLite store — and the load alternates between them in short slices
 (A B, B A, …), so both see the same drift. Per concurrency (and streaming with ``--stream``):
 each build's CPU per call over all its slices, the ratio after/before, and the median and range
-of the per-slice ratios.
+of the per-slice ratios. ``--api``: the route loaded — OpenAI chat (default), or the Anthropic
+Messages or OpenAI Responses API (Claude Code's and Codex's), translated to a chat call by the
+proxy.
 """
 
 from __future__ import annotations
@@ -31,6 +34,28 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_proxy import CHAT, STREAM, _episodes, _store_url, free_port, measure, process
 
 AGENT = [("x-agent-id", "agent")]
+_QUESTION = "What is two plus two?"
+
+
+def _bodies(whole: dict[str, Any]) -> tuple[bytes, bytes]:
+    return json.dumps(whole).encode(), json.dumps({**whole, "stream": True}).encode()
+
+
+#: Per API: its route under /episodes/{id}/v1, its whole request and its streamed one.
+APIS: dict[str, tuple[str, bytes, bytes]] = {
+    "chat": ("chat/completions", CHAT, STREAM),
+    "messages": (
+        "messages",
+        *_bodies(
+            {
+                "model": "stub",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": _QUESTION}],
+            }
+        ),
+    ),
+    "responses": ("responses", *_bodies({"model": "stub", "input": _QUESTION})),
+}
 
 
 def _serve(root: Path, stub_port: int, tmp: Path) -> tuple[list[str], int]:
@@ -63,15 +88,19 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
             argv, port = _serve(root, stub_port, Path(tmp) / name)
             pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", env))
             episodes = _episodes(f"http://127.0.0.1:{port}", 16)
-            targets[name] = (port, pid, [f"/episodes/{e}/v1/chat/completions" for e in episodes])
+            route = APIS[args.api][0]
+            targets[name] = (port, pid, [f"/episodes/{e}/v1/{route}" for e in episodes])
         for c in [int(c) for c in args.concurrency.split(",")]:
             for stream in [False, True] if args.stream else [False]:
-                body = STREAM if stream else CHAT
+                _, whole, streamed = APIS[args.api]
+                body = streamed if stream else whole
                 calls = dict.fromkeys(targets, 0)
                 cpu_ms = dict.fromkeys(targets, 0.0)
                 slices: dict[str, list[float]] = {name: [] for name in targets}
-                for port, pid, paths in targets.values():
-                    measure(port, paths, body, c, 1, pid, AGENT)  # warm up
+                for name, (port, pid, paths) in targets.items():
+                    warm = measure(port, paths, body, c, 1, pid, AGENT)  # (warms up)
+                    if warm["errors"] or set(warm["statuses"]) != {200}:
+                        raise SystemExit(f"{name}: {warm['statuses']}, {warm['errors']} errors")
                 for i in range(args.slices):
                     for name in ("before", "after") if i % 2 == 0 else ("after", "before"):
                         port, pid, paths = targets[name]
@@ -111,6 +140,7 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=16)
     parser.add_argument("--slice", type=float, default=1.5, help="seconds per slice")
     parser.add_argument("--stream", action="store_true", help="also streaming (20 chunks)")
+    parser.add_argument("--api", choices=sorted(APIS), default="chat", help="the route loaded")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = compare(args)
