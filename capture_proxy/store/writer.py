@@ -323,10 +323,10 @@ class _SqliteWriter:
             if item is None:
                 return
             batch: list[_Op] = []
-            checkpoint = False
+            checkpoints = 0  # requests for one (those queued together: one serves them all)
             while True:
                 if isinstance(item, _Checkpoint):
-                    checkpoint = True
+                    checkpoints += 1
                 else:
                     batch.append(item)
                 if len(batch) >= self.max_batch:
@@ -340,10 +340,10 @@ class _SqliteWriter:
                     break
             if batch:
                 self._commit(batch)
-            if checkpoint:
-                self._checkpoint()
+            if checkpoints:
+                self._checkpoint(checkpoints)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, requests: int) -> None:
         """A passive checkpoint (it waits for no reader or writer; what it cannot copy now, a
         later one does); failures are logged, as SQLite's own automatic checkpoints ignore them."""
         with self.using:
@@ -352,7 +352,7 @@ class _SqliteWriter:
             except sqlite3.Error as exc:
                 log.warning("a WAL checkpoint failed: %s", exc)
             self.checkpoints += 1
-        self.settled += 1
+        self.settled += requests
 
     def _transaction(self, db: _SqliteDb, batch: list[_Op]) -> list[_Outcome]:
         connection = db.connection

@@ -112,6 +112,28 @@ async def test_commits_on_the_loop_thread_have_the_writer_thread_checkpoint_the_
     await store.aclose()
 
 
+async def test_checkpoints_asked_for_together_leave_the_writer_idle_after_one(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    """Requests for a checkpoint queued together are served by one; the writer is then idle
+    again (else nothing would ever be done at once on the loop's thread any more)."""
+    store = _store(make_store, tmp_path / "capture.db")
+    await store.writer._run(_thread_of)
+    sqlite_writer = store.writer._sqlite
+    assert sqlite_writer is not None
+    with sqlite_writer.using:  # the writer thread waits: the requests queue up together
+        for _ in range(3):
+            sqlite_writer.checkpoint_soon()
+        assert not sqlite_writer.idle
+    for _ in range(100):
+        if sqlite_writer.idle:
+            break
+        await asyncio.sleep(0.02)
+    assert sqlite_writer.idle and 1 <= sqlite_writer.checkpoints <= 3  # (1 when all coalesced)
+    assert await store.writer._run(_thread_of, alone=True) == threading.get_ident()
+    await store.aclose()
+
+
 async def test_a_held_write_lock_sends_the_admission_to_the_writer_thread(
     tmp_path: Path, make_store: Callable[..., Store]
 ) -> None:
