@@ -1,15 +1,15 @@
 """Strict JSON for request bodies: UTF-8, no NaN/Infinity, no lone surrogates, no NUL in labels.
 
-The standard library's ``json.loads`` accepts ``NaN`` and ``Infinity``, and reads a number
-such as ``1e400`` as infinity (which no JSON encoder downstream will write back: the answer
-would be a 500) and ``"\\ud800"`` escapes that decode to
-a lone surrogate (which cannot be encoded as UTF-8 to the engine or the store). Both are the
-client's fault and get a 400 here, before anything is admitted.
+The standard library's ``json.loads`` accepts ``NaN`` and ``Infinity`` and reads a number such
+as ``1e400`` as infinity (none of which a JSON encoder downstream will write back: the answer
+would be a 500), and ``"\\ud800"`` escapes that decode to a lone surrogate (which cannot be
+encoded as UTF-8 to the engine or the store). All are the client's fault and get a 400 here,
+before anything is admitted.
 
 The surrogate walk runs only when the raw text holds a ``\\uD8``…``\\uDF`` escape, so an
 ordinary body costs one ``json.loads``. (orjson parses a 90 kB body in ~0.75× the time, but reads
-integers beyond 64 bits as floats; finding those in the raw bytes first cost as much as it saved:
-docs/benchmarks.md, tenth session.)
+integers beyond 64 bits as floats; finding those in the raw bytes first cost as much as it saved on
+plain prose: docs/benchmarks.md, tenth session.)
 """
 
 from __future__ import annotations
