@@ -8,7 +8,7 @@ stream's end, so after the call's commit.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import orjson
@@ -27,27 +27,45 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-class _EventBytes:
-    """The bytes of a captured stream, a piece at a time; closing them closes the service's
-    stream (which records the call cancelled if it had not ended), started or not."""
+class PieceBytes:
+    """A captured stream's pieces as the bytes of an answer: one write a piece (a piece that
+    makes no bytes is skipped), the last write from the stream's end. Closing it closes the
+    service's stream (which records the call cancelled if it had not ended), started or not."""
 
-    __slots__ = ("_pieces",)
+    __slots__ = ("_end", "_piece", "_pieces")
 
-    def __init__(self, pieces: AsyncGenerator[Piece, None]) -> None:
+    def __init__(
+        self,
+        pieces: AsyncGenerator[Piece, None],
+        piece: Callable[[list[dict[str, Any]]], bytes],
+        end: Callable[[StreamEnd], bytes],
+    ) -> None:
         self._pieces = pieces
+        self._piece = piece
+        self._end = end
 
-    def __aiter__(self) -> _EventBytes:
+    def __aiter__(self) -> PieceBytes:
         return self
 
     async def __anext__(self) -> bytes:
-        piece = await self._pieces.__anext__()
-        if isinstance(piece, StreamEnd):
-            end = _DONE if piece.error is None else sse(piece.error)
-            return LastChunk(b"".join([*map(sse, piece.chunks), end]))
-        return b"".join(map(sse, piece))
+        while True:
+            piece = await self._pieces.__anext__()
+            if isinstance(piece, StreamEnd):
+                return LastChunk(self._end(piece))
+            out = self._piece(piece)
+            if out:
+                return out
 
     async def aclose(self) -> None:
         await self._pieces.aclose()
+
+
+def _sse_piece(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(map(sse, chunks))
+
+
+def _sse_end(end: StreamEnd) -> bytes:
+    return _sse_piece(end.chunks) + (_DONE if end.error is None else sse(end.error))
 
 
 def openai_response(outcome: Outcome) -> Response:
@@ -55,5 +73,6 @@ def openai_response(outcome: Outcome) -> Response:
     if isinstance(outcome, Answer):
         return JSONResponse(outcome.body, status_code=outcome.status_code, headers=outcome.headers)
     return EventStreamResponse(
-        _EventBytes(outcome.pieces), headers={**outcome.headers, **STREAM_HEADERS}
+        PieceBytes(outcome.pieces, _sse_piece, _sse_end),
+        headers={**outcome.headers, **STREAM_HEADERS},
     )

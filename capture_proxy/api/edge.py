@@ -18,21 +18,21 @@ The ``X-Capture-Call-Id`` / ``X-Capture-Call-Ids`` headers are passed on.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from fastapi import Request
 from starlette.responses import Response
 
-from capture_proxy.api.answers import STREAM_HEADERS
+from capture_proxy.api.answers import STREAM_HEADERS, PieceBytes
 from capture_proxy.api.auth import authorize_episode
 from capture_proxy.api.json_body import read_json
 from capture_proxy.api.schemas import ID_PATTERN
 from capture_proxy.capture import Endpoint
 from capture_proxy.errors import BadRequest
-from capture_proxy.outcomes import Answer, Outcome, Piece, StreamEnd
+from capture_proxy.outcomes import Answer, Outcome, StreamEnd
 from capture_proxy.proxy import CaptureService
-from capture_proxy.responses import ClientWatch, EventStreamResponse, JSONResponse, LastChunk
+from capture_proxy.responses import ClientWatch, EventStreamResponse, JSONResponse
 
 Event = tuple[str, dict[str, Any]]
 
@@ -95,41 +95,6 @@ def sse_event(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-class _TranslatedBody:
-    """A captured stream's pieces as the API's events (one write a piece); closing it closes
-    the service's stream, started or not."""
-
-    __slots__ = ("_pieces", "_render", "_translator")
-
-    def __init__(
-        self,
-        pieces: AsyncGenerator[Piece, None],
-        translator: StreamTranslator,
-        render: Callable[[Event], bytes],
-    ) -> None:
-        self._pieces = pieces
-        self._translator = translator
-        self._render = render
-
-    def __aiter__(self) -> _TranslatedBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        translator = self._translator
-        while True:  # (a piece may translate to no event: nothing to write for it)
-            piece = await self._pieces.__anext__()
-            chunks = piece.chunks if isinstance(piece, StreamEnd) else piece
-            events = [event for chunk in chunks for event in translator.feed(chunk)]
-            if isinstance(piece, StreamEnd):
-                end = translator.finish() if piece.error is None else translator.error(piece.error)
-                return LastChunk(b"".join(map(self._render, events + end)))
-            if events:
-                return b"".join(map(self._render, events))
-
-    async def aclose(self) -> None:
-        await self._pieces.aclose()
-
-
 def translate(
     outcome: Outcome,
     *,
@@ -141,7 +106,17 @@ def translate(
     """The API's response for what ``CaptureService.handle`` answered."""
     headers = dict(outcome.headers)
     if not isinstance(outcome, Answer):
-        body = _TranslatedBody(outcome.pieces, stream(), render)
+        translator = stream()
+
+        def piece_bytes(chunks: list[dict[str, Any]]) -> bytes:
+            return b"".join(render(e) for chunk in chunks for e in translator.feed(chunk))
+
+        def end_bytes(end: StreamEnd) -> bytes:
+            head = piece_bytes(end.chunks)  # (fed before the closing events are made)
+            closing = translator.finish() if end.error is None else translator.error(end.error)
+            return head + b"".join(map(render, closing))
+
+        body = PieceBytes(outcome.pieces, piece_bytes, end_bytes)
         return EventStreamResponse(body, headers={**headers, **STREAM_HEADERS})
     if outcome.status_code >= 400:
         return JSONResponse(error(outcome.status_code, outcome.body), outcome.status_code, headers)

@@ -35,6 +35,14 @@ def _thread_of(db: object) -> int:
     return threading.get_ident()
 
 
+async def _eventually(check: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Wait until ``check()`` holds (the writer thread's work is done), at most ``seconds``."""
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+
+
 async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
     tmp_path: Path, make_store: Callable[..., Store]
 ) -> None:
@@ -101,10 +109,7 @@ async def test_commits_on_the_loop_thread_have_the_writer_thread_checkpoint_the_
         assert await store.writer.complete(ep, ids, [gen], alone=True)
     sqlite_writer = store.writer._sqlite
     assert sqlite_writer is not None
-    for _ in range(100):  # (the last one asked for may still be running)
-        if sqlite_writer.checkpoints >= 3:
-            break
-        await asyncio.sleep(0.05)
+    await _eventually(lambda: sqlite_writer.checkpoints >= 3)  # (the last may still run)
     assert sqlite_writer.checkpoints >= 3  # (a few commits went to the writer thread)
     wal = path.with_name(path.name + "-wal").stat().st_size
     assert wal < 8 * 2**20, wal
@@ -125,10 +130,7 @@ async def test_checkpoints_asked_for_together_leave_the_writer_idle_after_one(
         for _ in range(3):
             sqlite_writer.checkpoint_soon()
         assert not sqlite_writer.idle
-    for _ in range(100):
-        if sqlite_writer.idle:
-            break
-        await asyncio.sleep(0.02)
+    await _eventually(lambda: sqlite_writer.idle)
     assert sqlite_writer.idle and 1 <= sqlite_writer.checkpoints <= 3  # (1 when all coalesced)
     assert await store.writer._run(_thread_of, alone=True) == threading.get_ident()
     await store.aclose()
