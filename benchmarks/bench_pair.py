@@ -4,7 +4,8 @@
 
     python benchmarks/bench_pair.py --before /tmp/base [--after .] [--concurrency 1,16,64]
                                     [--slices 16] [--slice 1.5] [--stream]
-                                    [--api chat|messages|responses] [--json]
+                                    [--api chat|messages|responses] [--body small|agent]
+                                    [--json]
 
 A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
 differ more than most changes do), so a before/after pair measured one after the other says
@@ -15,7 +16,8 @@ directory on its own SQLite store — and the load alternates between them in sh
 each build's CPU per call over all its slices, the ratio after/before, and the median and range
 of the per-slice ratios. ``--api``: the route loaded — OpenAI chat (default), or the Anthropic
 Messages or OpenAI Responses API (Claude Code's and Codex's), translated to a chat call by the
-proxy.
+proxy. ``--body agent`` (chat): an agent's request as OpenCode sends them mid-task (61 messages,
+10 tools, ~50 KB: ``loadkit.agent_chat``) instead of one short question.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_proxy import CHAT, STREAM, _episodes, _store_url, free_port, measure, process
+from loadkit import agent_chat
 
 AGENT = [("x-agent-id", "agent")]
 _QUESTION = "What is two plus two?"
@@ -93,6 +96,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         for c in [int(c) for c in args.concurrency.split(",")]:
             for stream in [False, True] if args.stream else [False]:
                 _, whole, streamed = APIS[args.api]
+                if args.body == "agent":
+                    whole, streamed = agent_chat(), agent_chat(stream=True)
                 body = streamed if stream else whole
                 calls = dict.fromkeys(targets, 0)
                 cpu_ms = dict.fromkeys(targets, 0.0)
@@ -141,8 +146,13 @@ def main() -> None:
     parser.add_argument("--slice", type=float, default=1.5, help="seconds per slice")
     parser.add_argument("--stream", action="store_true", help="also streaming (20 chunks)")
     parser.add_argument("--api", choices=sorted(APIS), default="chat", help="the route loaded")
+    parser.add_argument(
+        "--body", choices=["small", "agent"], default="small", help="agent: ~50 KB (chat only)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.body == "agent" and args.api != "chat":
+        parser.error("--body agent is a chat request: use it with --api chat")
     results = compare(args)
     if args.json:
         print(json.dumps(results, indent=2))

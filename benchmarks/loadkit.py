@@ -23,6 +23,47 @@ PROMPT_LEN = 64
 COMPLETION_LEN = 20
 
 
+def agent_chat(turns: int = 20, *, stream: bool = False) -> bytes:
+    """An agent harness's chat request as OpenCode sends them mid-task (~50 KB): a ~9.7k-character
+    system prompt, 10 tools, then ``turns`` rounds of user message → assistant tool call → tool
+    result (61 messages with the default). The stub answers it as any other request."""
+    tool = {
+        "type": "function",
+        "function": {
+            "description": "Reads part of a file of the workspace. " * 12,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "the file's path"},
+                    "limit": {"type": "integer", "description": "lines to read"},
+                },
+                "required": ["path"],
+            },
+        },
+    }
+    tools = [{**tool, "function": {**tool["function"], "name": f"tool{i}"}} for i in range(10)]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent that edits code carefully.\n" * 220}
+    ]
+    for i in range(turns):
+        arguments = json.dumps({"path": f"src/module_{i}.py", "limit": 200})
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "tool1", "arguments": arguments},
+        }
+        source = "def f(x):\n    return x\n" * 40
+        messages += [
+            {"role": "user", "content": f"Step {i}: fix the bug in src/module_{i}.py. " * 8},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": source},
+        ]
+    body: dict[str, Any] = {"model": "stub", "messages": messages, "tools": tools}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
 def _chat_answer(prompt_len: int, completion_len: int) -> bytes:
     content = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}] * completion_len
     body = {
