@@ -131,11 +131,19 @@ def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _message_has_float(canonical: dict[str, Any]) -> bool:
+    """Whether a canonical message holds a float: its content and tool-call id are text, so
+    only its role, name or tool calls can (a client's odd role or name, tool arguments)."""
+    for key in ("role", "name", "tool_calls"):
+        value = canonical.get(key)
+        if value is not None and not isinstance(value, str) and _has_float(value):
+            return True
+    return False
+
+
 def chain_next(previous: str, message: dict[str, Any]) -> str:
     canonical = canonical_message(message)
-    # (Its content and tool-call id are text: a float can only be in the rest.)
-    floats = any(_has_float(canonical.get(key)) for key in ("role", "name", "tool_calls"))
-    text = canonical_json(canonical, floats=floats)
+    text = canonical_json(canonical, floats=_message_has_float(canonical))
     return hashlib.sha256(previous.encode() + text).hexdigest()[:32]
 
 
