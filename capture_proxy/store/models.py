@@ -67,7 +67,7 @@ class Call(Base):
     )
 
     call_id: Mapped[str] = mapped_column(String(80), primary_key=True)
-    episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.episode_id"), index=True)
+    episode_id: Mapped[str] = mapped_column(ForeignKey("episodes.episode_id"))  # (indexes above)
     request_id: Mapped[str] = mapped_column(String(80))  # shared by the choices of one request
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
     endpoint: Mapped[str] = mapped_column(String(16))  # chat | completions
