@@ -5,7 +5,7 @@
     python benchmarks/bench_pair.py --before /tmp/base [--after .] [--concurrency 1,16,64]
                                     [--slices 16] [--slice 1.5] [--stream]
                                     [--api chat|messages|responses] [--body small|agent]
-                                    [--json]
+                                    [--chunk-interval-ms M] [--json]
 
 A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
 differ more than most changes do), so a before/after pair measured one after the other says
@@ -18,6 +18,8 @@ of the per-slice ratios. ``--api``: the route loaded — OpenAI chat (default), 
 Messages or OpenAI Responses API (Claude Code's and Codex's), translated to a chat call by the
 proxy. ``--body agent`` (chat): an agent's request as OpenCode sends them mid-task (61 messages,
 10 tools, ~50 KB: ``loadkit.agent_chat``) instead of one short question.
+``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, so each arrives by
+itself, as a real engine's tokens do (0: a stream arrives whole, in one read).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         env = {**os.environ, "CAPTURE_PROXY_CONTINUATION": "stitch"}
         stub_port = free_port()
         stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
-        stub += ["--port", str(stub_port)]
+        stub += ["--port", str(stub_port), "--chunk-interval-ms", str(args.chunk_interval_ms)]
         stack.enter_context(process(stub, f"http://127.0.0.1:{stub_port}/", env))
         targets: dict[str, tuple[int, int, list[str]]] = {}
         for name, root in roots.items():
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument(
         "--body", choices=["small", "agent"], default="small", help="agent: ~50 KB (chat only)"
     )
+    parser.add_argument("--chunk-interval-ms", type=float, default=0.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.body == "agent" and args.api != "chat":
