@@ -98,12 +98,24 @@ def _content(value: Any) -> str:
 
 
 def _arguments(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
+    """Tool-call arguments as ``json.loads`` reads them (the text itself when it is not JSON).
+
+    orjson reads them ~3× faster and to the same values, but for integers beyond 64 bits,
+    which it reads as floats: arguments in which it finds a float are read again by
+    ``json.loads``, as is anything it refuses (``NaN``, lone surrogates, …)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if not _has_float(parsed):
+            return parsed
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def canonical_message(message: dict[str, Any]) -> dict[str, Any]:

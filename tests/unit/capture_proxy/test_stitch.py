@@ -88,6 +88,18 @@ def test_canonical_json_is_json_dumps_byte_for_byte(value: Any) -> None:
     assert canonical_json(value) == expected
 
 
+@settings(max_examples=400, deadline=None)
+@given(_JSON, st.booleans())
+def test_tool_arguments_read_as_json_loads_reads_them(value: Any, spaced: bool) -> None:
+    """orjson reads them where it reads the same values (not integers beyond 64 bits)."""
+    text = json.dumps(value, indent=1 if spaced else None)
+    message = {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": text}}]}
+    [call] = canonical_message(message)["tool_calls"]
+    expected = json.dumps(json.loads(text), sort_keys=True)
+    assert json.dumps(call["arguments"], sort_keys=True) == expected
+    assert type(call["arguments"]) is type(json.loads(text))
+
+
 def test_hash_chain_is_the_stored_one() -> None:
     """Messages whose bytes orjson alone would write otherwise: floats in tool arguments, a
     64-bit+ integer, DEL, non-ASCII text inside and beyond the BMP; and a pinned value."""
