@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capture_proxy.api.json_body import parse_json
 from capture_proxy.errors import BadRequest
@@ -45,3 +47,26 @@ def test_a_refused_body_says_why(raw: bytes, says: str) -> None:
     with pytest.raises(BadRequest) as refused:
         parse_json(raw)
     assert says in refused.value.message
+
+
+_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)  # beyond 64 bits too
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=24,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_VALUES, st.booleans())
+def test_any_body_reads_as_json_loads_reads_it(value: object, ascii_only: bool) -> None:
+    """orjson reads the body first; whatever it reads must be what ``json.loads`` reads."""
+    raw = json.dumps(value, ensure_ascii=ascii_only).encode()
+    if "\\ud8" in raw.decode().lower() or any(0xD800 <= ord(c) <= 0xDFFF for c in raw.decode()):
+        return  # (lone surrogates: refused, test_a_refused_body_says_why)
+    parsed = parse_json(raw)
+    expected = json.loads(raw)
+    assert json.dumps(parsed, sort_keys=True) == json.dumps(expected, sort_keys=True)
