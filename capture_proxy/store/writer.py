@@ -200,8 +200,9 @@ class _SqliteDb:
         return self.connection.execute(sql, params).rowcount
 
     def now(self) -> str:
-        # SQLAlchemy's storage format for DateTime on SQLite (naive UTC).
-        return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        # SQLAlchemy's storage format for DateTime on SQLite (naive UTC: "%Y-%m-%d
+        # %H:%M:%S.%f"), written by isoformat in half strftime's time.
+        return datetime.now(UTC).isoformat(" ", "microseconds")[:26]
 
     def clock(self) -> float:
         return time.time()  # one machine's file: its processes share this clock

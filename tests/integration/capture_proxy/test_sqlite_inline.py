@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,12 @@ async def test_an_idle_writer_leaves_admissions_and_reads_to_the_loop_thread(
     [info] = await store.list_calls(ep)
     assert (info.status, info.admitted_seq, info.completed_seq) == ("completed", 1, 2)
     await store.aclose()
+    # The times written by plain SQL are in SQLAlchemy's format for SQLite (naive UTC).
+    with sqlite3.connect(tmp_path / "capture.db") as db:
+        stamps = db.execute("SELECT admitted_at, completed_at FROM calls").fetchone()
+    for stamp in stamps:
+        written = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f")
+        assert abs((datetime.now(UTC).replace(tzinfo=None) - written).total_seconds()) < 60
 
 
 async def test_a_lone_calls_completion_commits_on_the_loop_thread_and_others_do_not(
