@@ -110,10 +110,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _episodes(proxy_url: str, n: int) -> list[str]:
-    return [
-        httpx.post(f"{proxy_url}/episodes", json={"group_id": "bench"}).json()["episode_id"]
-        for _ in range(n)
-    ]
+    episodes = []
+    for _ in range(n):
+        answer = httpx.post(f"{proxy_url}/episodes", json={"group_id": "bench"})
+        if answer.status_code >= 300:  # (say what answered, not a KeyError)
+            raise SystemExit(f"POST {proxy_url}/episodes: {answer.status_code} {answer.text[:300]}")
+        episodes.append(answer.json()["episode_id"])
+    return episodes
 
 
 def measure(
