@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from capture_contracts.vocabulary import FallbackReason
+from capture_proxy.exact_json import UNREAD, read_fast
 
 _EMPTY = hashlib.sha256(b"").hexdigest()[:32]
 #: What ``json.dumps`` escapes (``ensure_ascii``) and orjson writes as it is: DEL and non-ASCII.
@@ -98,20 +99,13 @@ def _content(value: Any) -> str:
 
 
 def _arguments(value: Any) -> Any:
-    """Tool-call arguments as ``json.loads`` reads them (the text itself when it is not JSON).
-
-    orjson reads them ~3× faster and to the same values, but for integers beyond 64 bits,
-    which it reads as floats: arguments in which it finds a float are read again by
-    ``json.loads``, as is anything it refuses (``NaN``, lone surrogates, …)."""
+    """Tool-call arguments as ``json.loads`` reads them (the text itself when it is not JSON),
+    by orjson where its reading is the same (:mod:`capture_proxy.exact_json`)."""
     if not isinstance(value, str):
         return value
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        pass
-    else:
-        if not _has_float(parsed):
-            return parsed
+    parsed = read_fast(value)
+    if parsed is not UNREAD:
+        return parsed
     try:
         return json.loads(value)
     except ValueError:

@@ -64,9 +64,7 @@ _VALUES = st.recursive(
 @given(_VALUES, st.booleans())
 def test_any_body_reads_as_json_loads_reads_it(value: object, ascii_only: bool) -> None:
     """orjson reads the body first; whatever it reads must be what ``json.loads`` reads."""
-    raw = json.dumps(value, ensure_ascii=ascii_only).encode()
-    if "\\ud8" in raw.decode().lower() or any(0xD800 <= ord(c) <= 0xDFFF for c in raw.decode()):
-        return  # (lone surrogates: refused, test_a_refused_body_says_why)
+    raw = json.dumps(value, ensure_ascii=ascii_only).encode()  # (st.text: no lone surrogates)
     parsed = parse_json(raw)
     expected = json.loads(raw)
     assert json.dumps(parsed, sort_keys=True) == json.dumps(expected, sort_keys=True)
