@@ -9,6 +9,7 @@ cancelled call) closes it, which is what aborts the engine's request.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,9 +21,10 @@ _EVENTS = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
 
 
 class _Server:
-    def __init__(self, whole: bool = False) -> None:
+    def __init__(self, whole: bool = False, gap_s: float = 0.01) -> None:
         self.connections = 0
         self.whole = whole  # the whole stream in one write (an engine that had it all at once)
+        self.gap_s = gap_s  # between two events written apart
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -45,7 +47,7 @@ class _Server:
                 for piece in [] if self.whole else framed:
                     writer.write(piece)
                     await writer.drain()
-                    await asyncio.sleep(0.01)  # each event its own write, like a token
+                    await asyncio.sleep(self.gap_s)  # each event its own write, like a token
                 writer.write(b"0\r\n\r\n")  # the chunked end, after [DONE]
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -111,3 +113,52 @@ async def test_what_one_read_brought_is_handed_on_as_one_piece() -> None:
             await transport.aclose()
     assert pieces[True] == [b"".join(_EVENTS)]
     assert pieces[False] == _EVENTS
+
+
+async def _served(state: _Server) -> AsyncIterator[int]:
+    listener = await asyncio.start_server(state.handle, "127.0.0.1", 0)
+    async with listener:
+        yield listener.sockets[0].getsockname()[1]
+
+
+async def test_the_read_timeout_bounds_each_read_not_the_whole_stream() -> None:
+    """Events 0.3 s apart under a 0.5 s read timeout: the stream (0.9 s in all) is read whole;
+    under a 0.1 s one, the first wait longer than that fails with TimeoutError after ~0.1 s
+    (not when the next event comes), and the connection is closed, not pooled."""
+    state = _Server(gap_s=0.3)
+    async for port in _served(state):
+        url = f"http://127.0.0.1:{port}"
+        patient = SocketTransport(url, connect_timeout_s=5, read_timeout_s=0.5)
+        response = await patient.send("POST", "/v1/chat/completions", b"{}")
+        assert b"".join([piece async for piece in response.aiter_bytes()]) == b"".join(_EVENTS)
+        await patient.aclose()
+
+        hasty = SocketTransport(url, connect_timeout_s=5, read_timeout_s=0.1)
+        response = await hasty.send("POST", "/v1/chat/completions", b"{}")
+        pieces = []
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async for piece in response.aiter_bytes():
+                pieces.append(piece)
+                began = time.monotonic()
+        waited = time.monotonic() - began
+        assert pieces == _EVENTS[:1]  # the first event came right after the head, in time
+        assert 0.09 <= waited < 0.25, waited
+        assert hasty._idle == []
+        assert state.connections == 2
+        await hasty.aclose()
+
+
+async def test_a_connection_whose_reader_failed_is_not_reused(
+    server: tuple[_Server, int],
+) -> None:
+    """A read that times out just as its data arrives leaves the data read and the reader
+    failed: the next request must go on a fresh connection, not fail on that one."""
+    state, port = server
+    transport = SocketTransport(f"http://127.0.0.1:{port}", connect_timeout_s=5, read_timeout_s=5)
+    await _read_until_done(transport)
+    [pooled] = transport._idle
+    pooled.reader.set_exception(TimeoutError("timed out as the data came"))
+    await _read_until_done(transport)
+    assert state.connections == 2
+    await transport.aclose()
