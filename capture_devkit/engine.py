@@ -43,6 +43,8 @@ LAUNCHER = "vllm.entrypoints.launchers.api_server.entry"
 DEFAULT_MAX_MODEL_LEN = 32768
 DEFAULT_KV_CACHE_BYTES = 64 * 1024 * 1024  # 512 B/token for the tiny model → ~128k tokens
 ENGINE_ENV = {
+    # DESIGN §7's setting. It reaches vLLM's offline engine only: the API server (AsyncLLM)
+    # always runs its engine core as a process of its own (``VLLM::EngineCore``).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
