@@ -9,6 +9,7 @@ cancelled call) closes it, which is what aborts the engine's request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -115,7 +116,9 @@ async def test_what_one_read_brought_is_handed_on_as_one_piece() -> None:
     assert pieces[False] == _EVENTS
 
 
+@contextlib.asynccontextmanager
 async def _served(state: _Server) -> AsyncIterator[int]:
+    """``state``'s server on a free loopback port (the port), until the block ends."""
     listener = await asyncio.start_server(state.handle, "127.0.0.1", 0)
     async with listener:
         yield listener.sockets[0].getsockname()[1]
@@ -126,7 +129,7 @@ async def test_the_read_timeout_bounds_each_read_not_the_whole_stream() -> None:
     under a 0.1 s one, the first wait longer than that fails with TimeoutError after ~0.1 s
     (not when the next event comes), and the connection is closed, not pooled."""
     state = _Server(gap_s=0.3)
-    async for port in _served(state):
+    async with _served(state) as port:
         url = f"http://127.0.0.1:{port}"
         patient = SocketTransport(url, connect_timeout_s=5, read_timeout_s=0.5)
         response = await patient.send("POST", "/v1/chat/completions", b"{}")
