@@ -438,6 +438,12 @@ class _DerenderedStream:
         self.upstream = upstream
         self.response = response
         self.token = token
+        self._pieces: AsyncIterator[bytes] | None = None
+
+    async def read_some(self) -> bytes:
+        if self._pieces is None:
+            self._pieces = self.aiter_bytes()
+        return await anext(self._pieces, b"")
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])

@@ -22,9 +22,9 @@ Names:
   ``capture_commit_latency_seconds`` (the completion's transaction).
 
 The capture path measures through three small calls: :meth:`Metrics.timer` when a request
-arrives, :meth:`CallTimer.upstream` / :meth:`CallTimer.upstream_chunks` around the engine's
-answer, and :meth:`Metrics.observe` when the call is over; :meth:`Metrics.commit_timer` wraps the
-completion's transaction.
+arrives, :meth:`CallTimer.upstream` around the engine's answer (for a stream, around each wait
+for its next piece), and :meth:`Metrics.observe` when the call is over;
+:meth:`Metrics.commit_timer` wraps the completion's transaction.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -133,24 +133,13 @@ class CallTimer:
     upstream_s: float = 0.0
 
     async def upstream(self, awaitable: Awaitable[T]) -> T:
-        """Await the engine (a whole answer, or a stream's headers), counting the wait."""
+        """Await the engine (a whole answer, a stream's headers or its next piece), counting
+        the wait."""
         started = time.perf_counter()
         try:
             return await awaitable
         finally:
             self.upstream_s += time.perf_counter() - started
-
-    async def upstream_chunks(self, chunks: AsyncIterator[T]) -> AsyncIterator[T]:
-        """Pass a stream's items through, counting only the time spent waiting for each one."""
-        while True:
-            started = time.perf_counter()
-            try:
-                item = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            finally:
-                self.upstream_s += time.perf_counter() - started
-            yield item
 
 
 class Metrics:

@@ -52,10 +52,10 @@ from capture_proxy.store.records import Admission, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import (
     RawResponse,
+    SseBatches,
     Upstream,
     UpstreamReply,
     error_body_from,
-    sse_batches,
 )
 from capture_proxy.weights import WeightGate
 
@@ -421,7 +421,8 @@ class CaptureService:
         settled = done = False
         tail: list[dict[str, Any]] = []
         try:
-            async for events in entry.timer.upstream_chunks(sse_batches(response)):
+            batches = SseBatches(response)
+            while (events := await entry.timer.upstream(batches.next())) is not None:
                 out, done = _pass_on(events, entry, capture, wants)
                 if done:
                     tail = out

@@ -2,7 +2,9 @@
 
 Two checks, both before the route sees a byte:
 
-- a declared ``Content-Length`` over the limit is answered at once; the body is never read;
+- a declared ``Content-Length`` over the limit is answered at once; the body is never read (one
+  within the limit is all the server reads: that request passes through untouched, its
+  ``receive`` and ``send`` not wrapped — a stream's every piece goes through ``send``);
 - a body without one (chunked) is counted as it streams in; the chunk that crosses the limit
   stops reading, whatever the route then makes of the broken body is dropped, and the client
   gets the 413 — unless the response had already started, which a route that reads its body
@@ -96,8 +98,11 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = _declared_length(scope)
-        if declared is not None and declared > self.limit:
-            await _answer_413(send, self.limit)
+        if declared is not None:
+            if declared > self.limit:
+                await _answer_413(send, self.limit)
+            else:  # the server reads no more than the declared length: nothing to count
+                await self.app(scope, receive, send)
             return
         guard = _Guard(receive, send, self.limit)
         try:

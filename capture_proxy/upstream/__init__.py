@@ -5,10 +5,10 @@ from capture_proxy.upstream.client import (
     GENERATE,
     RENDER_CHAT,
     TOKENIZE,
+    SseBatches,
     Upstream,
     UpstreamReply,
     error_body_from,
-    sse_batches,
     sse_events,
 )
 from capture_proxy.upstream.transport import RawResponse
@@ -19,9 +19,9 @@ __all__ = [
     "RENDER_CHAT",
     "TOKENIZE",
     "RawResponse",
+    "SseBatches",
     "Upstream",
     "UpstreamReply",
     "error_body_from",
-    "sse_batches",
     "sse_events",
 ]

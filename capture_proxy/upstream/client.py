@@ -69,15 +69,23 @@ def _dumps(body: dict[str, Any]) -> bytes:
         return json.dumps(body).encode()
 
 
+#: What a transport raises when the engine fails (TimeoutError and ConnectionError are OSErrors).
+_TRANSPORT_FAILURES = (OSError, ProtocolError)
+
+
+def _translation(exc: OSError | ProtocolError, what: str) -> UpstreamError:
+    """The one place transport failures become the service's errors."""
+    if isinstance(exc, TimeoutError):
+        return UpstreamTimeout(f"upstream timed out on {what}")
+    return UpstreamError(f"upstream unreachable on {what}: {exc!r}")
+
+
 @contextmanager
 def translated(what: str) -> Iterator[None]:
-    """The one place transport failures become the service's errors."""
     try:
         yield
-    except TimeoutError as exc:
-        raise UpstreamTimeout(f"upstream timed out on {what}") from exc
-    except (OSError, ProtocolError) as exc:  # ConnectionError is an OSError
-        raise UpstreamError(f"upstream unreachable on {what}: {exc!r}") from exc
+    except _TRANSPORT_FAILURES as exc:
+        raise _translation(exc, what) from exc
 
 
 class Upstream:
@@ -161,33 +169,70 @@ class Upstream:
         return await self.post_json(DERENDER_CHAT, body)
 
 
-async def sse_batches(response: RawResponse) -> AsyncIterator[list[str]]:
+class SseBatches:
     """The ``data:`` payloads of an SSE stream (``[DONE]`` included), as they arrive: one list
-    per read from the engine, so a relay can pass on together what arrived together."""
-    data_lines: list[str] = []
-    pending = b""
-    with translated("the stream"):
-        async for chunk in response.aiter_bytes():
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            events = []
-            for raw in lines:
-                line = raw.rstrip(b"\r").decode("utf-8", "replace")
-                if line.startswith("data:"):
-                    data_lines.append(line[5:].lstrip(" "))
-                elif not line and data_lines:
-                    events.append("\n".join(data_lines))
-                    data_lines = []
+    per read from the engine, so a relay can pass on together what arrived together.
+
+    ``await batches.next()`` gives the next list, None after the last; ``async for`` works too.
+    A relay awaits ``next()`` once per piece the engine sends, so this is a plain object reading
+    the response directly — no stack of async generators resumed for every token.
+    """
+
+    __slots__ = ("_data", "_ended", "_pending", "_response")
+
+    def __init__(self, response: RawResponse) -> None:
+        self._response = response
+        self._data: list[str] = []  # the data lines of the event being read
+        self._pending = b""  # a line not ended yet
+        self._ended = False
+
+    def __aiter__(self) -> SseBatches:
+        return self
+
+    async def __anext__(self) -> list[str]:
+        events = await self.next()
+        if events is None:
+            raise StopAsyncIteration
+        return events
+
+    async def next(self) -> list[str] | None:
+        while not self._ended:
+            try:
+                piece = await self._response.read_some()
+            except _TRANSPORT_FAILURES as exc:
+                raise _translation(exc, "the stream") from exc
+            if not piece:
+                self._ended = True
+                return self._rest()
+            events = self._events(piece)
             if events:
-                yield events
-    if pending.startswith(b"data:"):
-        data_lines.append(pending[5:].decode("utf-8", "replace").lstrip(" "))
-    if data_lines:
-        yield ["\n".join(data_lines)]
+                return events
+        return None
+
+    def _events(self, piece: bytes) -> list[str]:
+        *lines, self._pending = (self._pending + piece).split(b"\n")
+        events = []
+        data = self._data
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", "replace")
+            if line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+            elif not line and data:
+                events.append("\n".join(data))
+                data.clear()
+        return events
+
+    def _rest(self) -> list[str] | None:
+        """What the stream's end leaves: an event the engine did not end with a blank line."""
+        if self._pending.startswith(b"data:"):
+            self._data.append(self._pending[5:].decode("utf-8", "replace").lstrip(" "))
+        if not self._data:
+            return None
+        return ["\n".join(self._data)]
 
 
 async def sse_events(response: RawResponse) -> AsyncIterator[str]:
     """The ``data:`` payloads of an SSE stream, one per event (``[DONE]`` included)."""
-    async for events in sse_batches(response):
+    async for events in SseBatches(response):
         for event in events:
             yield event

@@ -42,6 +42,11 @@ class ProtocolError(Exception):
 class RawResponse(Protocol):
     status_code: int
 
+    async def read_some(self) -> bytes:
+        """The body's next bytes as they arrive (what one read brought, all of it), ``b""``
+        once the body is complete. A relay awaits this once per piece: no iterator layers."""
+        ...
+
     def aiter_bytes(self) -> AsyncIterator[bytes]: ...
 
     async def aread(self) -> bytes: ...
@@ -195,21 +200,21 @@ class _SocketResponse:
         chunks.clear()
         return taken
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def read_some(self) -> bytes:
         try:
-            while True:
-                if self._parser.chunks:
-                    yield self._take()
+            while not self._parser.chunks:
                 if not await self._fill():
-                    break
-            if self._parser.chunks:
-                yield self._take()
-        except GeneratorExit:  # left early by its reader: finish() or aclose() decides
-            raise
+                    self._release()
+                    return b""
+            return self._take()
         except BaseException:
             self._release()
             raise
-        self._release()
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        # (left early by its reader, it keeps the connection: finish() or aclose() decides)
+        while piece := await self.read_some():
+            yield piece
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])
@@ -318,11 +323,18 @@ class _HttpxResponse:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self.status_code = response.status_code
+        self._pieces: AsyncIterator[bytes] | None = None
+
+    async def read_some(self) -> bytes:
+        if self._pieces is None:
+            self._pieces = self.aiter_bytes()
+        return await anext(self._pieces, b"")
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._response.aiter_bytes():
-                yield chunk
+                if chunk:  # (b"" is the end, for read_some)
+                    yield chunk
         except (httpx.TimeoutException, TimeoutError) as exc:
             raise TimeoutError(str(exc)) from exc
         except (httpx.HTTPError, httpx.StreamError) as exc:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from capture_proxy.upstream.client import sse_batches
+from capture_proxy.upstream.client import SseBatches
 from capture_proxy.upstream.transport import SocketTransport
 
 _EVENTS = [b"data: {}\n\n", b"data: {}\n\n", b"data: [DONE]\n\n"]
@@ -66,7 +66,7 @@ async def server() -> AsyncIterator[tuple[_Server, int]]:
 
 async def _read_until_done(transport: SocketTransport) -> None:
     response = await transport.send("POST", "/v1/chat/completions", b"{}")
-    async for events in sse_batches(response):
+    async for events in SseBatches(response):
         if any(e.strip() == "[DONE]" for e in events):
             break
     await response.finish()
@@ -88,7 +88,7 @@ async def test_a_stream_left_early_closes_its_connection(server: tuple[_Server, 
     state, port = server
     transport = SocketTransport(f"http://127.0.0.1:{port}", connect_timeout_s=5, read_timeout_s=5)
     response = await transport.send("POST", "/v1/chat/completions", b"{}")
-    async for _events in sse_batches(response):
+    async for _events in SseBatches(response):
         break  # the harness went away after the first event
     await response.aclose()  # no finish(): the engine must see the connection close
     await _read_until_done(transport)
