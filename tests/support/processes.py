@@ -25,6 +25,15 @@ READY_TIMEOUT_S = 60.0
 REPO = Path(__file__).resolve().parents[2]
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child a test stops with SIGINT, as Ctrl-C would: the default
+    disposition, whatever this process inherited. A shell without job control starts its
+    background commands with SIGINT ignored, an ignored signal stays ignored across ``exec``,
+    and Python then installs no KeyboardInterrupt handler — so a test suite started that way
+    (``( make test & )``) would see the child ignore the signal, not the code under test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Process:
     """One service process on a loopback port, restartable."""
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support.processes import ctrl_c_as_at_a_terminal
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
@@ -88,6 +90,7 @@ def test_demo_stops_everything_when_interrupted(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     assert demo.stdout is not None
     seen = []

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from capture_devkit.engine import free_port
+from tests.support.processes import ctrl_c_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,6 +30,7 @@ def test_engine_serves_what_the_proxy_needs_until_ctrl_c(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_at_a_terminal,
     )
     try:
         assert proc.stdout is not None
