@@ -13,7 +13,8 @@ for every concurrency runs, interleaved: direct (the stub), the proxy non-stream
 streaming — 16 episodes round robin, one agent each. Per target: requests/s, p50/p99 latency and,
 for the proxy, CPU per call (the proxy process's user + system time over the calls it served, the
 durable commit included) and RSS. ``--long N``: N sequential calls of one agent (labelled, then
-unlabelled) and the CPU of the last 200 vs calls 10–210. ``--memory N``: RSS after 1,000 vs N calls.
+unlabelled), the CPU of its last 400 against calls 10–410 of another agent's episode, in
+alternating slices. ``--memory N``: RSS after 1,000 vs N calls.
 ``--peer``: also the Agent Lightning 1.0.2 gateway (benchmarks/peer_agl.py, its own Python 3.12
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
@@ -52,7 +53,14 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loadkit import Connection, StubEngine, process_cpu_s, process_rss_mb, run_load
+from loadkit import (
+    Connection,
+    StubEngine,
+    process_cpu_s,
+    process_rss_mb,
+    process_run_s,
+    run_load,
+)
 from peer_agl import PeerTarget, peer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,30 +161,52 @@ def measure(
 
 async def _sequential(port: int, path: str, n: int, headers: Sequence[tuple[str, str]]) -> None:
     conn = Connection("127.0.0.1", port)
+    try:
+        await _calls(conn, path, n, headers)
+    finally:
+        await conn.close()
+
+
+async def _calls(conn: Connection, path: str, n: int, headers: Sequence[tuple[str, str]]) -> None:
     for _ in range(n):
         status, _ = await conn.request(path, CHAT, headers)
         assert status == 200, status
-    await conn.close()
 
 
-#: Calls per window of the long-episode mode: the process's CPU is read in clock ticks (10 ms),
-#: so a window of 50 calls (~60 ms) measured a call's cost only to ±17 %; 200 calls: ±4 %.
-LONG_WINDOW = 200
+#: Calls per side of the long-episode mode, measured in ``LONG_SLICES`` alternating slices.
+LONG_WINDOW = 400
+LONG_SLICES = 40
 
 
 def long_episode(proxy_url: str, port: int, pid: int, n: int, labelled: bool) -> dict[str, Any]:
-    """CPU per call early (calls 10–210) and late (the last 200) in one agent's long episode."""
-    (episode,) = _episodes(proxy_url, 1)
-    path = f"/episodes/{episode}/v1/chat/completions"
+    """CPU per call late in one agent's long episode (its last ``LONG_WINDOW`` of ``n`` calls)
+    against early in another's (its calls 10–410), in alternating slices — the two sides see
+    the same drift of the machine (runs minutes apart differ by 10–20 % here) — with each
+    slice's CPU read to the nanosecond."""
+    long_path, early_path = (f"/episodes/{e}/v1/chat/completions" for e in _episodes(proxy_url, 2))
     headers = [("x-agent-id", "agent")] if labelled else []
-    asyncio.run(_sequential(port, path, 10, headers))
-    cpu0 = process_cpu_s(pid)
-    asyncio.run(_sequential(port, path, LONG_WINDOW, headers))
-    early = (process_cpu_s(pid) - cpu0) / LONG_WINDOW
-    asyncio.run(_sequential(port, path, n - 10 - 2 * LONG_WINDOW, headers))
-    cpu1 = process_cpu_s(pid)
-    asyncio.run(_sequential(port, path, LONG_WINDOW, headers))
-    late = (process_cpu_s(pid) - cpu1) / LONG_WINDOW
+    asyncio.run(_sequential(port, long_path, n - LONG_WINDOW - 1, headers))
+    per_slice = LONG_WINDOW // LONG_SLICES
+
+    async def alternate() -> tuple[float, float]:
+        late_conn, early_conn = Connection("127.0.0.1", port), Connection("127.0.0.1", port)
+        spent = {long_path: 0.0, early_path: 0.0}
+        try:
+            await _calls(early_conn, early_path, 10, headers)
+            await _calls(late_conn, long_path, 1, headers)  # (both connections open)
+            for k in range(LONG_SLICES):
+                sides = [(late_conn, long_path), (early_conn, early_path)]
+                for conn, path in sides if k % 2 == 0 else sides[::-1]:
+                    before = process_run_s(pid)
+                    await _calls(conn, path, per_slice, headers)
+                    spent[path] += process_run_s(pid) - before
+        finally:
+            await late_conn.close()
+            await early_conn.close()
+        calls = per_slice * LONG_SLICES
+        return spent[early_path] / calls, spent[long_path] / calls
+
+    early, late = asyncio.run(alternate())
     return {"calls": n, "early_ms": 1000 * early, "late_ms": 1000 * late, "ratio": late / early}
 
 
@@ -254,6 +284,29 @@ _VLLM_TARGETS = (
     ("direct_stream_fields", False, "stream+fields"),
     ("stream", True, "stream"),
 )
+
+
+#: The ratios printed for the real engine: (name, numerator, denominator) of ``_VLLM_TARGETS``.
+_VLLM_RATIOS = (
+    ("ratio_proxy_direct", "proxy", "direct"),
+    ("ratio_fields_direct", "direct_fields", "direct"),
+    ("ratio_proxy_fields", "proxy", "direct_fields"),
+    ("ratio_stream_direct", "stream", "direct_stream"),
+    ("ratio_stream_fields_direct", "direct_stream_fields", "direct_stream"),
+    ("ratio_stream_fields", "stream", "direct_stream_fields"),
+)
+
+
+def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each ratio over all rounds (their calls and time added up), and round by round: on a
+    machine that drifts, one round's ratio can be 0.1 off another's, and the spread says so."""
+    level: dict[str, Any] = {name: _sum(r) for name, r in runs.items()}
+    for ratio, top, bottom in _VLLM_RATIOS:
+        level[ratio] = level[top]["rps"] / level[bottom]["rps"]
+        level[f"{ratio}_rounds"] = [
+            a["rps"] / b["rps"] for a, b in zip(runs[top], runs[bottom], strict=True)
+        ]
+    return level
 
 
 def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -362,16 +415,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         else:
                             run = measure(server.port, direct, bodies[form], c, args.duration, None)
                         runs[name].append(run)
-                level = {name: _sum(r) for name, r in runs.items()}
-                rps = {name: target["rps"] for name, target in level.items()}
-                level["ratio_proxy_direct"] = rps["proxy"] / rps["direct"]
-                level["ratio_fields_direct"] = rps["direct_fields"] / rps["direct"]
-                level["ratio_proxy_fields"] = rps["proxy"] / rps["direct_fields"]
-                level["ratio_stream_direct"] = rps["stream"] / rps["direct_stream"]
-                level["ratio_stream_fields_direct"] = (
-                    rps["direct_stream_fields"] / rps["direct_stream"]
-                )
-                level["ratio_stream_fields"] = rps["stream"] / rps["direct_stream_fields"]
+                level = _ratios(runs)
                 report["levels"][c] = level
                 if not args.json:
                     _print_vllm_level(args.model, c, level)
@@ -523,6 +567,15 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             f"{level[f'ratio_{proxy}_fields']:.3f}",
             flush=True,
         )
+        spreads = [
+            f"{label} {min(rounds):.3f}–{max(rounds):.3f}"
+            for label, rounds in (
+                ("fields/direct", level[f"ratio{suffix}_fields_direct_rounds"]),
+                ("proxy/direct", level[f"ratio_{proxy}_direct_rounds"]),
+                ("proxy/direct+fields", level[f"ratio_{proxy}_fields_rounds"]),
+            )
+        ]
+        print(f"  {kind} by round: {', '.join(spreads)}", flush=True)
     print(f"vllm {model} c={c}: errors {errors}", flush=True)
 
 

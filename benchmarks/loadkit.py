@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -27,7 +28,7 @@ def agent_chat(turns: int = 20, *, stream: bool = False) -> bytes:
     """An agent harness's chat request as OpenCode sends them mid-task (~50 KB): a ~9.7k-character
     system prompt, 10 tools, then ``turns`` rounds of user message → assistant tool call → tool
     result (61 messages with the default). The stub answers it as any other request."""
-    tool = {
+    tool: dict[str, Any] = {
         "type": "function",
         "function": {
             "description": "Reads part of a file of the workspace. " * 12,
@@ -284,6 +285,17 @@ def process_cpu_s(pid: int, thread: int | None = None) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def process_run_s(pid: int) -> float:
+    """CPU seconds of a process's live threads to the nanosecond (``/proc/.../schedstat``; the
+    user and system times of ``process_cpu_s`` are counted in clock ticks, 10 ms). A thread that
+    has ended is no longer counted: for the proxy's long-lived threads, over short windows."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+            total += int(fh.read().split()[0])
+    return total / 1e9
 
 
 def process_rss_mb(pid: int) -> float:
