@@ -3,21 +3,24 @@
 ::
 
     python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
-                                     [--duration 5] [--long N] [--memory N] [--peer] [--json]
+                                     [--duration 5] [--slices 5] [--long N] [--memory N]
+                                     [--peer] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
 for every concurrency runs, interleaved: direct (the stub), the proxy non-streaming, the proxy
-streaming — 16 episodes round robin, one agent each. Per target: requests/s, p50/p99 latency and,
-for the proxy, CPU per call (the proxy process's user + system time over the calls it served, the
-durable commit included) and RSS. ``--long N``: N sequential calls of one agent (labelled, then
-unlabelled), the CPU of its last 400 against calls 10–410 of another agent's episode, in
-alternating slices. ``--memory N``: RSS after 1,000 vs N calls.
+streaming — 16 episodes round robin, one agent each — each for ``--duration`` seconds in all,
+in ``--slices`` slices taken in turn (the machine drifts, up to 2× over minutes here: targets
+measured one after the other could differ by that alone). Per target: requests/s, p50/p99
+latency and, for the proxy, CPU per call (the proxy process's user + system time over the calls
+it served, the durable commit included) and RSS. ``--long N``: N sequential calls of one agent
+(labelled, then unlabelled), the CPU of its last 400 against calls 10–410 of another agent's
+episode, in alternating slices. ``--memory N``: RSS after 1,000 vs N calls.
 ``--peer``: also the Agent Lightning 1.0.2 gateway (benchmarks/peer_agl.py, its own Python 3.12
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
-(it answers ``"stream": true`` with 400), measured after the proxy at every concurrency; its CPU
+(it answers ``"stream": true`` with 400), in the same turns as the proxy's slices; its CPU
 per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
 ``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
 sampling token by token does (each chunk then reaches the proxy in its own read).
@@ -47,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +132,61 @@ def _episodes(proxy_url: str, n: int) -> list[str]:
     return episodes
 
 
+def _measure_slice(
+    port: int,
+    paths: Sequence[str],
+    body: bytes,
+    concurrency: int,
+    duration: float,
+    pid: int | None,
+    headers: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """One slice of load, raw: its latencies, time and the process's CPU (``combine`` them)."""
+    cpu0 = process_cpu_s(pid) if pid else 0.0
+    loop0 = process_cpu_s(pid, pid) if pid else 0.0
+    result, elapsed = asyncio.run(
+        run_load("127.0.0.1", port, paths, body, concurrency, duration, headers)
+    )
+    raw: dict[str, Any] = {
+        "latencies": result.latencies,
+        "seconds": elapsed,
+        "errors": result.errors,
+        "statuses": result.statuses,
+    }
+    if pid:
+        raw["cpu_s"] = process_cpu_s(pid) - cpu0
+        # The event loop's thread; the rest is the store's writer thread (and any helper).
+        raw["loop_cpu_s"] = process_cpu_s(pid, pid) - loop0
+        raw["rss_mb"] = process_rss_mb(pid)
+    return raw
+
+
+def combine(slices: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Slices of one target as one measurement: calls, time and CPU added up, percentiles over
+    all the slices' latencies."""
+    latencies = [x for raw in slices for x in raw["latencies"]]
+    calls = len(latencies)
+    statuses: dict[int, int] = {}
+    for raw in slices:
+        for status, count in raw["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + count
+    out: dict[str, Any] = {
+        "calls": calls,
+        "errors": sum(raw["errors"] for raw in slices),
+        "statuses": statuses,
+        "rps": calls / sum(raw["seconds"] for raw in slices),
+        "p50_ms": 1000 * _percentile(latencies, 0.5),
+        "p99_ms": 1000 * _percentile(latencies, 0.99),
+    }
+    if "cpu_s" in slices[0]:
+        out["cpu_ms_per_call"] = 1000 * sum(raw["cpu_s"] for raw in slices) / max(calls, 1)
+        out["loop_cpu_ms_per_call"] = (
+            1000 * sum(raw["loop_cpu_s"] for raw in slices) / max(calls, 1)
+        )
+        out["rss_mb"] = slices[-1]["rss_mb"]
+    return out
+
+
 def measure(
     port: int,
     paths: Sequence[str],
@@ -137,26 +196,39 @@ def measure(
     pid: int | None,
     headers: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    cpu0 = process_cpu_s(pid) if pid else 0.0
-    loop0 = process_cpu_s(pid, pid) if pid else 0.0
-    result, elapsed = asyncio.run(
-        run_load("127.0.0.1", port, paths, body, concurrency, duration, headers)
-    )
-    calls = len(result.latencies)
-    out: dict[str, Any] = {
-        "calls": calls,
-        "errors": result.errors,
-        "statuses": result.statuses,
-        "rps": calls / elapsed,
-        "p50_ms": 1000 * _percentile(result.latencies, 0.5),
-        "p99_ms": 1000 * _percentile(result.latencies, 0.99),
-    }
-    if pid:
-        out["cpu_ms_per_call"] = 1000 * (process_cpu_s(pid) - cpu0) / max(calls, 1)
-        # The event loop's thread; the rest is the store's writer thread (and any helper).
-        out["loop_cpu_ms_per_call"] = 1000 * (process_cpu_s(pid, pid) - loop0) / max(calls, 1)
-        out["rss_mb"] = process_rss_mb(pid)
-    return out
+    """Requests/s, p50/p99 and (with ``pid``) the process's CPU per call under this load."""
+    return combine([_measure_slice(port, paths, body, concurrency, duration, pid, headers)])
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing loaded in an interleaved run: a port, its paths and body, whose CPU is read."""
+
+    port: int
+    paths: Sequence[str]
+    body: bytes
+    pid: int | None = None
+    headers: Sequence[tuple[str, str]] = ()
+
+
+def interleaved(
+    targets: dict[str, Target], concurrency: int, duration: float, slices: int
+) -> dict[str, dict[str, Any]]:
+    """Each target loaded for ``duration`` in all, in ``slices`` slices taken in turn (the order
+    rotating each time), so all of them see the same drift of the machine — which here reaches
+    2× over minutes — and their ratios hold; one measurement per target."""
+    raw: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    names = list(targets)
+    for i in range(slices):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            t = targets[name]
+            raw[name].append(
+                _measure_slice(
+                    t.port, t.paths, t.body, concurrency, duration / slices, t.pid, t.headers
+                )
+            )
+    return {name: combine(slices_) for name, slices_ in raw.items()}
 
 
 async def _sequential(port: int, path: str, n: int, headers: Sequence[tuple[str, str]]) -> None:
@@ -298,29 +370,16 @@ _VLLM_RATIOS = (
 
 
 def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Each ratio over all rounds (their calls and time added up), and round by round: on a
-    machine that drifts, one round's ratio can be 0.1 off another's, and the spread says so."""
-    level: dict[str, Any] = {name: _sum(r) for name, r in runs.items()}
+    """Each target over all rounds, each ratio over all rounds and round by round: on a machine
+    that drifts, one round's ratio can be 0.1 off another's, and the spread says so."""
+    level: dict[str, Any] = {name: combine(r) for name, r in runs.items()}
     for ratio, top, bottom in _VLLM_RATIOS:
         level[ratio] = level[top]["rps"] / level[bottom]["rps"]
         level[f"{ratio}_rounds"] = [
-            a["rps"] / b["rps"] for a, b in zip(runs[top], runs[bottom], strict=True)
+            (len(a["latencies"]) / a["seconds"]) / (len(b["latencies"]) / b["seconds"])
+            for a, b in zip(runs[top], runs[bottom], strict=True)
         ]
     return level
-
-
-def _sum(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rounds of one target as one measurement (calls and time added up)."""
-    calls = sum(r["calls"] for r in runs)
-    seconds = sum(r["calls"] / r["rps"] for r in runs if r["rps"])
-    out: dict[str, Any] = {"calls": calls, "rps": calls / seconds if seconds else 0.0}
-    out["errors"] = sum(r["errors"] for r in runs)
-    out["p50_ms"] = max(r["p50_ms"] for r in runs)
-    out["p99_ms"] = max(r["p99_ms"] for r in runs)
-    if "cpu_ms_per_call" in runs[0]:
-        out["cpu_ms_per_call"] = sum(r["cpu_ms_per_call"] * r["calls"] for r in runs) / calls
-        out["rss_mb"] = runs[-1]["rss_mb"]
-    return out
 
 
 def engine_on_core(core: int | None) -> tuple[dict[str, str], list[int]]:
@@ -409,11 +468,13 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 for _ in range(args.rounds):
                     for name, proxied, form in _VLLM_TARGETS:
                         if proxied:
-                            run = measure(
+                            run = _measure_slice(
                                 proxy_port, paths, bodies[form], c, args.duration, pid, agent
                             )
                         else:
-                            run = measure(server.port, direct, bodies[form], c, args.duration, None)
+                            run = _measure_slice(
+                                server.port, direct, bodies[form], c, args.duration, None
+                            )
                         runs[name].append(run)
                 level = _ratios(runs)
                 report["levels"][c] = level
@@ -471,20 +532,16 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
             episodes = _episodes(proxy_url, 16)
             paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
             agent = [("x-agent-id", "agent")]
+            targets = {
+                "direct": Target(stub_port, ["/v1/chat/completions"], CHAT),
+                "proxy": Target(proxy_port, paths, CHAT, proxy_pid, agent),
+                "proxy_stream": Target(proxy_port, paths, STREAM, proxy_pid, agent),
+            }
+            if target is not None:
+                targets["peer"] = Target(target.port, target.paths, CHAT, target.pid)
             for c in levels:
-                level = {
-                    "direct": measure(
-                        stub_port, ["/v1/chat/completions"], CHAT, c, args.duration, None
-                    ),
-                    "proxy": measure(proxy_port, paths, CHAT, c, args.duration, proxy_pid, agent),
-                    "proxy_stream": measure(
-                        proxy_port, paths, STREAM, c, args.duration, proxy_pid, agent
-                    ),
-                }
+                level: dict[str, Any] = interleaved(targets, c, args.duration, args.slices)
                 if target is not None:
-                    level["peer"] = measure(
-                        target.port, target.paths, CHAT, c, args.duration, target.pid
-                    )
                     level["ratio_proxy_peer_rps"] = level["proxy"]["rps"] / level["peer"]["rps"]
                     level["ratio_proxy_peer_cpu"] = (
                         level["proxy"]["cpu_ms_per_call"] / level["peer"]["cpu_ms_per_call"]
@@ -533,6 +590,12 @@ def main() -> None:
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument(
+        "--slices",
+        type=int,
+        default=5,
+        help="stub: each target's duration in this many slices, the targets in turn",
+    )
     parser.add_argument("--long", type=int, default=0, help="calls in the long-episode mode")
     parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
     parser.add_argument("--continuation", default="stitch")
