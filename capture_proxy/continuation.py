@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -438,7 +438,7 @@ class _DerenderedStream:
         self.upstream = upstream
         self.response = response
         self.token = token
-        self._pieces: AsyncIterator[bytes] | None = None
+        self._pieces: AsyncGenerator[bytes, None] | None = None
 
     async def read_some(self) -> bytes:
         if self._pieces is None:
@@ -448,7 +448,7 @@ class _DerenderedStream:
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
         states: dict[int, Any] = {}
         first = True
         async for data in sse_events(self.response):
@@ -492,4 +492,6 @@ class _DerenderedStream:
         await self.response.finish(timeout_s)
 
     async def aclose(self) -> None:
+        if self._pieces is not None:  # (read_some's iterator, left at a piece: closed now)
+            await self._pieces.aclose()
         await self.response.aclose()

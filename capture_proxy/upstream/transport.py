@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -323,14 +323,14 @@ class _HttpxResponse:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self.status_code = response.status_code
-        self._pieces: AsyncIterator[bytes] | None = None
+        self._pieces: AsyncGenerator[bytes, None] | None = None
 
     async def read_some(self) -> bytes:
         if self._pieces is None:
             self._pieces = self.aiter_bytes()
         return await anext(self._pieces, b"")
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
         try:
             async for chunk in self._response.aiter_bytes():
                 if chunk:  # (b"" is the end, for read_some)
@@ -349,6 +349,8 @@ class _HttpxResponse:
         return None  # httpx reuses its connections by itself
 
     async def aclose(self) -> None:
+        if self._pieces is not None:  # (read_some's iterator, left at a piece: closed now)
+            await self._pieces.aclose()
         await self._response.aclose()
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+import httpx
 import pytest
 
 from capture_proxy.errors import UpstreamError, UpstreamTimeout
 from capture_proxy.upstream import SseBatches
-from capture_proxy.upstream.transport import FINISH_TIMEOUT_S
+from capture_proxy.upstream.transport import FINISH_TIMEOUT_S, HttpxTransport
 
 
 class _Pieces:
@@ -94,3 +95,45 @@ async def test_a_transport_failure_mid_stream_is_the_services_error(
     with pytest.raises(error, match="the stream") as raised:
         await batches.next()
     assert raised.value.__cause__ is failure
+
+
+# -- the httpx adapter (unit tests' transport) -------------------------------------------------
+
+
+class _Body(httpx.AsyncByteStream):
+    """A streamed body in pieces, which notes whether it was closed."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = pieces
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_the_httpx_adapter_reads_piece_by_piece_and_closes_a_stream_left_early() -> None:
+    bodies: list[_Body] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(_Body([b"data: a\n\n", b"", b"data: b\n\n", b"data: [DONE]\n\n"]))
+        return httpx.Response(200, stream=bodies[-1])
+
+    transport = HttpxTransport("http://engine", httpx.MockTransport(answer))
+    whole = await transport.send("POST", "/v1/chat/completions", b"{}")
+    assert [await whole.read_some() for _ in range(4)] == [
+        b"data: a\n\n",
+        b"data: b\n\n",  # (an empty piece is not the end)
+        b"data: [DONE]\n\n",
+        b"",
+    ]
+    assert bodies[0].closed
+    left = await transport.send("POST", "/v1/chat/completions", b"{}")
+    assert await SseBatches(left).next() == ["a"]
+    assert not bodies[1].closed
+    await left.aclose()  # the relay leaves after [DONE] or when the harness hangs up
+    assert bodies[1].closed
+    await transport.aclose()
