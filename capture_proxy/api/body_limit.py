@@ -51,13 +51,18 @@ async def _answer_413(send: Send, limit: int) -> None:
 
 
 def _declared_length(scope: Scope) -> int | None:
+    """The body's declared length; None when none is declared, or a transfer coding is too (the
+    servers refuse both, but the body is then counted as it comes, whatever the length says)."""
+    length = None
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
-                return int(value)
+                length = int(value)
             except ValueError:
                 return None
-    return None
+        elif name == b"transfer-encoding":
+            return None
+    return length
 
 
 class _Guard:

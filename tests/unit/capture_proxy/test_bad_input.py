@@ -301,6 +301,11 @@ async def test_413_reads_no_byte_past_the_limit(app: FastAPI) -> None:
     assert await _asgi(app, declared, chunks) == (413, 0)  # Content-Length: nothing read
     status, pulled = await _asgi(app, [], chunks)  # chunked: read until the limit is crossed
     assert status == 413 and pulled == LIMIT // 1024 + 1
+    # A small length beside a transfer coding (a smuggling attempt, which the servers refuse):
+    # the body is counted all the same, never trusted to the length.
+    both = [(b"content-length", b"2"), (b"transfer-encoding", b"chunked")]
+    status, pulled = await _asgi(app, both, chunks)
+    assert status == 413 and pulled == LIMIT // 1024 + 1
 
 
 # -- the engine's vocabulary -------------------------------------------------------------------
