@@ -253,7 +253,7 @@ LONG_SLICES = 40
 def long_episode(proxy_url: str, port: int, pid: int, n: int, labelled: bool) -> dict[str, Any]:
     """CPU per call late in one agent's long episode (its last ``LONG_WINDOW`` of ``n`` calls)
     against early in another's (its calls 10–410), in alternating slices — the two sides see
-    the same drift of the machine (runs minutes apart differ by 10–20 % here) — with each
+    the same drift of the machine (up to 2× within minutes here) — with each
     slice's CPU read to the nanosecond."""
     long_path, early_path = (f"/episodes/{e}/v1/chat/completions" for e in _episodes(proxy_url, 2))
     headers = [("x-agent-id", "agent")] if labelled else []
