@@ -74,3 +74,31 @@ def test_serve_with_flags_and_environment(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert db.exists()  # the --db flag won over the environment
     assert not (tmp_path / "should-be-overridden-by-flag.db").exists()
+
+
+def _served_lines(tmp_path: Path, *flags: str) -> list[str]:
+    """What ``serve`` printed while answering two requests (then stopped)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "capture_proxy.cli", "serve", "--port", str(port)]
+    argv += ["--db", f"sqlite+aiosqlite:///{tmp_path / 'log.db'}", *flags]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        assert httpx.get(f"{url}/episodes").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    return out.splitlines()
+
+
+def test_the_access_log_is_on_by_default_and_off_on_request(tmp_path: Path) -> None:
+    def requests(lines: list[str]) -> list[str]:
+        return [line for line in lines if '"GET /episodes HTTP/1.1" 200' in line]
+
+    assert len(requests(_served_lines(tmp_path))) == 1
+    quiet = _served_lines(tmp_path, "--no-access-log")
+    assert requests(quiet) == []
+    assert any("Uvicorn running" in line for line in quiet)  # the rest of the log is kept
