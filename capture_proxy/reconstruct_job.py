@@ -159,7 +159,9 @@ async def run_job(
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="capture-proxy reconstruct", description=__doc__)
-    parser.add_argument("--db", required=True, help="store URL (sqlite+aiosqlite / asyncpg)")
+    parser.add_argument(
+        "--db", required=True, help="store URL: sqlite:///path or postgresql://user@host/db"
+    )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--follow", action="store_true", help="keep exporting until interrupted")
     parser.add_argument("--interval", type=float, default=5.0, help="poll interval with --follow")

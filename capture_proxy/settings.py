@@ -19,12 +19,21 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ImportString, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ImportString,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from capture_contracts.vocabulary import ContinuationMode, Role
 from capture_proxy.errors import InvalidSettings
+from capture_proxy.store.urls import store_url
 
 ENV_PREFIX = "CAPTURE_PROXY_"
 NESTED = "__"
@@ -57,7 +66,11 @@ class UpstreamSettings(BaseModel):
 
 
 class StoreSettings(BaseModel):
-    url: str = Field("sqlite+aiosqlite:///./capture.db", description="SQLAlchemy async URL.")
+    url: str = Field(
+        "sqlite+aiosqlite:///./capture.db",
+        description="The store's database: `sqlite:///path` or `postgresql://user@host/db` "
+        "(the async driver, aiosqlite or asyncpg, is added when not named).",
+    )
     echo: bool = False
     sqlite_synchronous: Literal["FULL", "NORMAL"] = Field(
         "FULL",
@@ -82,6 +95,14 @@ class StoreSettings(BaseModel):
         "same name resolves the earlier run's unresolved calls at start. `serve` uses host:port; "
         "none (the default elsewhere) gives every run its own name.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        try:
+            return store_url(value)
+        except InvalidSettings as exc:  # (pydantic reports ValueError as the field's error)
+            raise ValueError(exc.message) from None
 
 
 #: The hard ceiling of ``limits.max_n`` (each choice is its own recorded call).
@@ -339,14 +360,19 @@ def _check_groups(environ: Mapping[str, str]) -> None:
             )
 
 
+#: Settings whose value is never echoed in an error: a database URL may hold a password.
+_UNSHOWN = {("store", "url")}
+
+
 def _one_line(exc: ValidationError) -> InvalidSettings:
     first = exc.errors()[0]
     loc = tuple(first.get("loc", ()))
     variable = env_name(loc) if loc else ENV_PREFIX + "*"
-    shown = first.get("input")
+    shown = "" if loc in _UNSHOWN else f"={first.get('input')!r}"
     expects = str(first.get("msg", "an invalid value")).replace("Input should be", "expects")
+    expects = expects.removeprefix("Value error, ")
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return InvalidSettings(f"{variable}={shown!r}: {expects}{more}", param=variable)
+    return InvalidSettings(f"{variable}{shown}: {expects}{more}", param=variable)
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -14,6 +14,7 @@ from pydantic import SecretStr, ValidationError
 
 from capture_proxy.api.auth import refusal_to_bind
 from capture_proxy.settings import AuthSettings, load_settings
+from capture_proxy.store.urls import store_url
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", help="bind address (default from settings: 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default from settings: 8100)")
     parser.add_argument("--upstream", help="vLLM base URL, e.g. http://127.0.0.1:8000")
-    parser.add_argument("--db", help="store URL, e.g. sqlite+aiosqlite:///./capture.db")
+    parser.add_argument("--db", help="store URL, e.g. sqlite:///./capture.db")
     parser.add_argument(
         "--admin-key",
         help="admin key for the episode API; each episode then gets its own key "
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
     if args.upstream:
         updates["upstream"] = settings.upstream.model_copy(update={"url": args.upstream})
     if args.db:
-        updates["store"] = settings.store.model_copy(update={"url": args.db})
+        updates["store"] = settings.store.model_copy(update={"url": store_url(args.db)})
     settings = settings.model_copy(update=updates)
     if settings.store.instance_name is None:  # one process per host and port: a restart's name
         name = f"{socket.gethostname()}:{settings.port}"

@@ -23,6 +23,8 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from capture_proxy.store.urls import store_url
+
 #: The alembic scripts ship inside the package (``capture_proxy/migrations``, a link to the
 #: repository's top-level ``migrations/`` in a checkout), so an installed proxy can migrate.
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
@@ -34,6 +36,9 @@ def is_sqlite(url: str) -> bool:
 
 
 def make_engine(url: str, *, echo: bool = False) -> AsyncEngine:
+    """The store's engine; ``url`` in any form :func:`store_url` takes (the async driver is
+    the store's own)."""
+    url = store_url(url)
     if not is_sqlite(url):
         return create_async_engine(url, echo=echo, pool_pre_ping=True)
     engine = create_async_engine(url, echo=echo, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
@@ -62,7 +67,7 @@ def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 def alembic_config(url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", store_url(url).replace("%", "%%"))
     return config
 
 

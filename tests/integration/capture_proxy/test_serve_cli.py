@@ -44,7 +44,7 @@ def test_serve_with_flags_and_environment(tmp_path: Path) -> None:
             "--port",
             str(port),
             "--db",
-            f"sqlite+aiosqlite:///{db}",
+            f"sqlite:///{db}",  # (the store adds its async driver)
             "--upstream",
             "http://127.0.0.1:9",
         ],
