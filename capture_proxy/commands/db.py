@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import sys
 
+from sqlalchemy import make_url
+
 from capture_proxy.settings import get_settings
 from capture_proxy.store.db import current_revision, upgrade
 
@@ -27,5 +29,6 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # alembic and the drivers raise many kinds; report one line
         print(f"capture-proxy db upgrade: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"store {url} at revision {asyncio.run(current_revision(url))}", file=sys.stderr)
+    shown = make_url(url).render_as_string(hide_password=True)
+    print(f"store {shown} at revision {asyncio.run(current_revision(url))}", file=sys.stderr)
     return 0
