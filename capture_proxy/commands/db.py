@@ -14,6 +14,7 @@ from sqlalchemy import make_url
 
 from capture_proxy.settings import get_settings
 from capture_proxy.store.db import current_revision, upgrade
+from capture_proxy.store.urls import store_url
 
 
 def main(argv: list[str]) -> int:
@@ -23,7 +24,7 @@ def main(argv: list[str]) -> int:
     up.add_argument("--db", help="store URL (default: CAPTURE_PROXY_STORE__URL or ./capture.db)")
     up.add_argument("--revision", default="head", help="target revision (default: head)")
     args = parser.parse_args(argv)
-    url = args.db or get_settings().store.url
+    url = store_url(args.db) if args.db else get_settings().store.url  # (refused: exit 2)
     try:
         upgrade(url, args.revision)
     except Exception as exc:  # alembic and the drivers raise many kinds; report one line

@@ -13,6 +13,7 @@ from capture_contracts.errors import CaptureError
 from capture_proxy.settings import get_settings
 from capture_proxy.store.db import make_engine, make_sessionmaker
 from capture_proxy.store.repository import Store
+from capture_proxy.store.urls import store_url
 
 
 async def load_bundle(db_url: str, episode_id: str) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--out", type=Path, help="bundle file (default: <episode>.json)")
     args = parser.parse_args(argv)
-    db_url = args.db or get_settings().store.url
+    db_url = store_url(args.db) if args.db else get_settings().store.url  # (refused: exit 2)
     try:
         bundle = asyncio.run(load_bundle(db_url, args.episode))
     except CaptureError as exc:

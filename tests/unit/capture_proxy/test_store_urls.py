@@ -68,10 +68,16 @@ def test_commands_take_the_plain_form(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "episode 'nope' not found" in capsys.readouterr().err  # the store answered
 
 
-def test_serve_refuses_another_database_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--db", "mysql://h/db"]) == 2
+@pytest.mark.parametrize(
+    "command",
+    [["serve"], ["db", "upgrade"], ["export", "--episode", "e"], ["reconstruct", "--out", "x"]],
+)
+def test_every_command_refuses_another_database_in_one_line(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--db", "mysql://root:secret@h/db"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "capture-proxy serve: invalid setting: the store runs on SQLite or PostgreSQL, not "
+        f"capture-proxy {command[0]}: invalid setting: the store runs on SQLite or PostgreSQL, not "
         "'mysql' (e.g. sqlite:///./capture.db or postgresql://user@host:5432/db)"
     ]
