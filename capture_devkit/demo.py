@@ -12,7 +12,8 @@ learner step, prints a summary and writes::
     DIR/train.json               learner stats (+ logprob change of owned tokens per agent)
     DIR/html/<episode>.html      the episode viewer's page (as GET /episodes/{id}/view)
 
-Everything it starts (vLLM's process group, the proxy thread) is stopped on exit, also on Ctrl-C.
+Everything it starts (vLLM's process group, the proxy thread) is stopped on exit, also on Ctrl-C,
+SIGTERM or SIGHUP (exit 130).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from capture_devkit.harness import close_episode, fetch_bundle, open_episode, ru
 from capture_devkit.harness.scripted import dumps_trace
 from capture_devkit.harness.trace import EpisodeTrace
 from capture_devkit.server_thread import ProxyThread
+from capture_devkit.signals import stopped_like_ctrl_c
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
 from capture_proxy.viewer import episode_view, render_page
 
@@ -193,7 +195,8 @@ def main(argv: list[str]) -> int:
         return 2
     console = Console(width=None if sys.stdout.isatty() else 140)
     try:
-        return run_demo(args.out, args.episodes, console)
+        with stopped_like_ctrl_c():  # SIGTERM and SIGHUP too: vLLM's own group is stopped
+            return run_demo(args.out, args.episodes, console)
     except KeyboardInterrupt:
         console.print("[red]interrupted[/]: everything the demo started has been stopped")
         return 130

