@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     try:
         upgrade(url, args.revision)
     except Exception as exc:  # alembic and the drivers raise many kinds; report one line
-        first = str(exc).splitlines()[0] if str(exc) else ""  # (SQLAlchemy adds lines)
+        first = next(iter(str(exc).splitlines()), "")  # (SQLAlchemy adds a line or more)
         print(f"capture-proxy db upgrade: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
     shown = make_url(url).render_as_string(hide_password=True)
