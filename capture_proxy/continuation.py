@@ -91,10 +91,11 @@ def _prior(call: CompletedChatCall) -> PriorCall | None:
 class Continuations:
     """Plans chat calls; keeps each agent's recorded calls indexed in memory (bounded LRU).
 
-    The index of an (episode, agent) is loaded from the store once, then kept up to date by the
-    completions this process records (:meth:`remember`). When it finds no call to continue, the
-    calls the agent completed since (through another proxy process sharing the store) are read
-    by ``completed_seq`` — an indexed range, never a scan of the episode.
+    The index of an (episode, agent) is kept up to date by the completions this process records
+    (:meth:`remember`). When it finds no call to continue for a request that holds a reply (an
+    assistant message: a request without one continues no call), the calls the agent completed
+    that this process has not read yet (through another proxy process sharing the store) are
+    read by ``completed_seq`` — an indexed range, never a scan of the episode.
     """
 
     def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
@@ -122,19 +123,30 @@ class Continuations:
                 priors.add(prior)
 
     async def _choose(
-        self, episode_id: str, agent_id: str | None, hashes: list[str], tools: str
+        self,
+        episode_id: str,
+        agent_id: str | None,
+        hashes: list[str],
+        tools: str,
+        replies: bool,
     ) -> Extends | Fresh:
+        """``replies``: the request holds an assistant message. Without one it extends no call
+        (a call is extended when the request holds its reply, an assistant message), so the
+        store is not read for calls completed elsewhere: the first call of every context (an
+        agent's, a worker's, the rewrite after a compaction) costs no read — on PostgreSQL, one
+        round trip fewer. The reason recorded is then the one the calls in memory give."""
         key = (episode_id, agent_id)
         priors = self._priors.get(key)
         if priors is None:
             priors = self._priors[key] = Priors()
             if len(self._priors) > self._max_agents:
                 self._priors.popitem(last=False)
-            await self._catch_up(key, priors)
+            if replies:
+                await self._catch_up(key, priors)
             return priors.choose(hashes, tools)
         self._priors.move_to_end(key)
         choice = priors.choose(hashes, tools)
-        if isinstance(choice, Fresh) and choice.reason in _LOOK_AGAIN:
+        if replies and isinstance(choice, Fresh) and choice.reason in _LOOK_AGAIN:
             await self._catch_up(key, priors)
             choice = priors.choose(hashes, tools)
         return choice
@@ -185,7 +197,8 @@ class Continuations:
             tools_hash=tools,
         )
         plan = Plan(record, prefix_hash=hashes[-1])
-        choice = await self._choose(episode_id, agent_id, hashes, tools)
+        replies = any(message.get("role") == "assistant" for message in messages)
+        choice = await self._choose(episode_id, agent_id, hashes, tools, replies)
         if isinstance(choice, Fresh):
             base = choice.base.call_id if choice.base else None
             plan.record = replace(record, reason=choice.reason, base_call_id=base)

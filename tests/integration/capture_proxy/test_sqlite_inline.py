@@ -202,9 +202,10 @@ async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(
 async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_elsewhere(
     tmp_path: Path, make_store: Callable[..., Store]
 ) -> None:
-    """An agent's fresh calls look for calls another process completed; on SQLite the store is
-    read only when something else committed since the last look (``PRAGMA data_version``). A
-    second store on the file stands for the other process: its call is found and continued."""
+    """A call that holds a reply but continues none of the agent's calls in memory looks for
+    calls another process completed; on SQLite the store is read only when something else
+    committed since the last look (``PRAGMA data_version``). A second store on the file stands
+    for the other process: its call is found and continued."""
     path = tmp_path / "capture.db"
     here, elsewhere = _store(make_store, path), _store(make_store, path)
     settings = Settings(continuation="passthrough")
@@ -221,21 +222,29 @@ async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_
     ep = (await here.create_episode("inline")).episode_id
     await here.writer._run(_thread_of)  # the writer thread runs (and has opened the file)
 
-    async def fresh_call(text: str) -> Plan:
-        body = {"messages": [{"role": "user", "content": text}]}
-        plan = await continuations.plan(ep, "chat", "a", body)
+    async def call(messages: list[dict[str, Any]]) -> Plan:
+        plan = await continuations.plan(ep, "chat", "a", {"messages": messages})
         ids = await here.admit(
             ep, Admission("chat", False, 1, "policy", "a", continuation=plan.record)
         )
         assert await here.complete(ep, ids, [GEN])
         return plan
 
-    first = (await fresh_call("one")).record
-    assert first is not None and first.reason == "no_previous_call" and reads == 1
-    await fresh_call("two")
-    await fresh_call("three")
-    assert reads == 1  # nobody else committed: the agent's calls are all in memory
-    messages = [{"role": "user", "content": "four"}]
+    def foreign(text: str) -> list[dict[str, Any]]:  # a reply this proxy never returned
+        return [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": "elsewhere?"},
+            {"role": "user", "content": "go on"},
+        ]
+
+    first = (await call([{"role": "user", "content": "one"}])).record
+    assert first is not None and first.reason == "no_previous_call" and reads == 0
+    second = (await call(foreign("two"))).record
+    assert second is not None and second.reason == "not_an_extension" and reads == 1
+    await call(foreign("three"))
+    await call(foreign("four"))
+    assert reads == 1  # nobody else committed since that look: no read
+    messages = [{"role": "user", "content": "five"}]
     record = ContinuationRecord(
         stitched=False, mode="passthrough", messages=1, prefix_hash=chain(messages)[-1]
     )
