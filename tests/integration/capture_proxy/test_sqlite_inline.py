@@ -10,19 +10,14 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from capture_proxy.continuation import Continuations, Plan
 from capture_proxy.errors import Conflict
-from capture_proxy.settings import Settings
-from capture_proxy.stitch import chain
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.store.writer import INLINE_READ_ROWS, INLINE_WRITES_PER_CHECKPOINT
-from capture_proxy.upstream import Upstream
 from tests.fixtures.db import sqlite_url
 
 GEN = Generation([1, 2, 3], [4], [-0.5], "stop", reply_hash="r")
@@ -197,64 +192,3 @@ async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(
     ep2 = (await store.create_episode("inline")).episode_id  # the write lock was let go
     assert await store.admit(ep2, Admission("chat", False, 1, "policy", "a"))
     await store.aclose()
-
-
-async def test_the_look_for_calls_completed_elsewhere_reads_only_after_a_commit_elsewhere(
-    tmp_path: Path, make_store: Callable[..., Store]
-) -> None:
-    """A call that holds a reply but continues none of the agent's calls in memory looks for
-    calls another process completed; on SQLite the store is read only when something else
-    committed since the last look (``PRAGMA data_version``). A second store on the file stands
-    for the other process: its call is found and continued."""
-    path = tmp_path / "capture.db"
-    here, elsewhere = _store(make_store, path), _store(make_store, path)
-    settings = Settings(continuation="passthrough")
-    continuations = Continuations(settings, here, Upstream(settings.upstream))
-    reads = 0
-    read = here.chat_calls_since
-
-    async def counted(*args: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return await read(*args)
-
-    here.chat_calls_since = counted  # type: ignore[method-assign,assignment]
-    ep = (await here.create_episode("inline")).episode_id
-    await here.writer._run(_thread_of)  # the writer thread runs (and has opened the file)
-
-    async def call(messages: list[dict[str, Any]]) -> Plan:
-        plan = await continuations.plan(ep, "chat", "a", {"messages": messages})
-        ids = await here.admit(
-            ep, Admission("chat", False, 1, "policy", "a", continuation=plan.record)
-        )
-        assert await here.complete(ep, ids, [GEN])
-        return plan
-
-    def foreign(text: str) -> list[dict[str, Any]]:  # a reply this proxy never returned
-        return [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": "elsewhere?"},
-            {"role": "user", "content": "go on"},
-        ]
-
-    first = (await call([{"role": "user", "content": "one"}])).record
-    assert first is not None and first.reason == "no_previous_call" and reads == 0
-    second = (await call(foreign("two"))).record
-    assert second is not None and second.reason == "not_an_extension" and reads == 1
-    await call(foreign("three"))
-    await call(foreign("four"))
-    assert reads == 1  # nobody else committed since that look: no read
-    messages = [{"role": "user", "content": "five"}]
-    record = ContinuationRecord(
-        stitched=False, mode="passthrough", messages=1, prefix_hash=chain(messages)[-1]
-    )
-    [other] = await elsewhere.admit(
-        ep, Admission("chat", False, 1, "policy", "a", continuation=record)
-    )
-    reply = {"role": "assistant", "content": "done"}
-    gen = Generation([1, 2], [3], [-0.5], "stop", reply_hash=chain([*messages, reply])[-1])
-    assert await elsewhere.complete(ep, [other], [gen])
-    extended = [*messages, reply, {"role": "user", "content": "more"}]
-    plan = await continuations.plan(ep, "chat", "a", {"messages": extended})
-    assert plan.record is not None
-    assert reads == 2 and plan.record.base_call_id == other  # read, found, continued
