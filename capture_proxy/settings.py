@@ -297,7 +297,8 @@ class Settings(BaseSettings):
         "stitch",
         description="`stitch` (default): continue an agent on its own sampled tokens (token-in"
         " generation, needs vLLM --enable-scale-out; without it each call falls back to a fresh"
-        " render, reason `token_path_unavailable`); `passthrough`: forward chat requests as sent"
+        " render, reason `token_path_unavailable`; a request with stop strings is forwarded as"
+        " sent, reason `stop_strings`); `passthrough`: forward chat requests as sent"
         " (engines without token-in generation).",
     )
     continuation_cache_agents: int = Field(
