@@ -443,11 +443,12 @@ def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
 
 
 def _continued_body(
-    proxy_url: str, paths: Sequence[str], headers: Sequence[tuple[str, str]]
+    proxy_url: str, paths: Sequence[str], headers: Sequence[tuple[str, str]], chat: bytes
 ) -> bytes:
-    """``--continued``: each episode's agent answers the seeded first turn through the proxy (one
-    reply, the same everywhere); the body of the turn after it, which continues that call."""
-    first: dict[str, Any] = {**json.loads(_vllm_bodies()["chat"]), "seed": 7}
+    """``--continued``: each episode's agent answers the seeded first turn (``chat``) through the
+    proxy (one reply, the same everywhere); the body of the turn after it, which continues that
+    call."""
+    first: dict[str, Any] = {**json.loads(chat), "seed": 7}
     replies = set()
     for path in paths:
         answer = httpx.post(f"{proxy_url}{path}", json=first, headers=dict(headers), timeout=120)
@@ -461,7 +462,7 @@ def _continued_body(
         {"role": "assistant", "content": replies.pop()},
         {"role": "user", "content": "And three plus three?"},
     ]
-    return json.dumps({**json.loads(_vllm_bodies()["chat"]), "messages": messages}).encode()
+    return json.dumps({**json.loads(chat), "messages": messages}).encode()
 
 
 def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
@@ -510,7 +511,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
             if args.continued:
                 proxy_url = f"http://127.0.0.1:{proxy_port}"
-                bodies["continued"] = _continued_body(proxy_url, paths, agent)
+                bodies["continued"] = _continued_body(proxy_url, paths, agent, bodies["chat"])
                 measure(proxy_port, paths, bodies["continued"], 2, 3, pid, agent)
             direct = ["/v1/chat/completions"]
             for c in [int(c) for c in args.concurrency.split(",")]:
