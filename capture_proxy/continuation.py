@@ -58,6 +58,10 @@ class TokenRequest:
     chat_request: dict[str, Any]  # the prepared chat body, for derender's parsers
     end_of_turn_id: int
     end_of_turn: str
+    #: The harness asked for log-probabilities: derender spells their tokens for its answer.
+    #: Otherwise derender is sent none (their tokens would be decoded only to be dropped: about
+    #: 45 % of a derender's CPU at 32 tokens) and the capture takes them from the engine's answer.
+    spelled_logprobs: bool = False
 
 
 @dataclass(slots=True)
@@ -182,8 +186,16 @@ class Continuations:
     # -- planning ---------------------------------------------------------------------------
 
     async def plan(
-        self, episode_id: str, endpoint: Endpoint, agent_id: str | None, body: dict[str, Any]
+        self,
+        episode_id: str,
+        endpoint: Endpoint,
+        agent_id: str | None,
+        body: dict[str, Any],
+        *,
+        harness_logprobs: bool = False,
     ) -> Plan:
+        """``body``: the request as sent to the engine; ``harness_logprobs``: the harness itself
+        asked for log-probabilities (the capture always does)."""
         if endpoint != "chat":
             return Plan(ContinuationRecord(stitched=False, reason="not_chat", mode=self.mode))
         messages: list[dict[str, Any]] = body["messages"]
@@ -214,7 +226,7 @@ class Continuations:
             plan.record = replace(record, reason="stop_strings")
             return plan
         try:
-            token = await self._stitch(body, choice)
+            token = await self._stitch(body, choice, harness_logprobs)
         except _TokenPathUnavailable:
             token = "token_path_unavailable"
         if isinstance(token, str):
@@ -250,7 +262,7 @@ class Continuations:
         return self._eot_id
 
     async def _stitch(
-        self, body: dict[str, Any], choice: Extends
+        self, body: dict[str, Any], choice: Extends, harness_logprobs: bool
     ) -> tuple[TokenRequest, Stitched] | FallbackReason:
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
         full = await self._render(body)
@@ -300,6 +312,7 @@ class Continuations:
             body if body.get("stream") else whole,
             end_of_turn_id=eot,
             end_of_turn=self.end_of_turn,
+            spelled_logprobs=harness_logprobs and not body.get("stream"),
         )
         return request, stitched
 
@@ -314,7 +327,9 @@ class Continuations:
             return reply
         derendered = await self.upstream.derender_chat(
             {
-                "generate_response": without_end_of_turn(reply.body, token.end_of_turn_id),
+                "generate_response": for_derender(
+                    reply.body, token.end_of_turn_id, logprobs=token.spelled_logprobs
+                ),
                 "chat_request": token.chat_request,
                 "prompt_token_ids": token.prompt_ids,
                 "prompt_tokens": len(token.prompt_ids),
@@ -322,7 +337,7 @@ class Continuations:
         )
         if derendered.status_code >= 400:
             return derendered
-        answer = chat_answer(derendered.body, reply.body, token.prompt_ids)
+        answer = chat_answer(derendered.body, reply.body, token)
         return UpstreamReply(200, with_end_of_turn_logprob(answer, reply.body, token))
 
     async def open_stream(self, plan: Plan | None, path: str, body: dict[str, Any]) -> RawResponse:
@@ -353,23 +368,30 @@ class Continuations:
         ]
 
 
-def without_end_of_turn(generated: dict[str, Any], end_of_turn_id: int) -> dict[str, Any]:
-    """The generate answer (or chunk) without each choice's final end-of-turn token.
+def for_derender(
+    generated: dict[str, Any], end_of_turn_id: int, *, logprobs: bool
+) -> dict[str, Any]:
+    """The generate answer (or chunk) as derender is sent it: without each choice's final
+    end-of-turn token and, unless ``logprobs``, without the log-probabilities.
 
     The end-of-turn token ends the assistant message; it is not part of its text. Derender keeps
     special tokens when a tool parser is configured, so it is removed before derendering (the
-    captured ``token_ids`` keep it: the model sampled it).
+    captured ``token_ids`` keep it: the model sampled it). Derender decodes the token of every
+    log-probability it is sent; where nobody reads that text, it is sent none (the capture reads
+    the engine's own answer: :func:`chat_answer`).
     """
     choices = []
     for choice in generated.get("choices") or []:
         ids = list(choice.get("token_ids") or [])
-        if not ids or ids[-1] != end_of_turn_id:
-            choices.append(choice)
-            continue
-        trimmed = dict(choice, token_ids=ids[:-1])
-        logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and logprobs.get("content"):
-            trimmed["logprobs"] = dict(logprobs, content=list(logprobs["content"])[:-1])
+        trimmed = dict(choice)
+        ends = bool(ids) and ids[-1] == end_of_turn_id
+        if ends:
+            trimmed["token_ids"] = ids[:-1]
+        entries = choice.get("logprobs")
+        if not logprobs:
+            trimmed.pop("logprobs", None)
+        elif ends and isinstance(entries, dict) and entries.get("content"):
+            trimmed["logprobs"] = dict(entries, content=list(entries["content"])[:-1])
         choices.append(trimmed)
     return dict(generated, choices=choices)
 
@@ -402,17 +424,20 @@ def with_end_of_turn_logprob(
 
 
 def chat_answer(
-    derendered: dict[str, Any], generated: dict[str, Any], prompt_ids: list[int]
+    derendered: dict[str, Any], generated: dict[str, Any], token: TokenRequest
 ) -> dict[str, Any]:
-    """A derendered chat completion with vLLM's chat capture fields, as the pass-through gives."""
+    """A derendered chat completion with vLLM's chat capture fields, as the pass-through gives
+    (the log-probabilities from the engine's answer where derender was sent none)."""
     answer = dict(derendered)
-    answer["prompt_token_ids"] = prompt_ids
+    answer["prompt_token_ids"] = token.prompt_ids
     if generated.get("usage"):
         answer["usage"] = generated["usage"]
     sampled = {c.get("index", 0): c for c in generated.get("choices") or []}
     for choice in answer.get("choices") or []:
         source = sampled.get(choice.get("index", 0), {})
         choice["token_ids"] = source.get("token_ids") or []
+        if not token.spelled_logprobs:
+            choice["logprobs"] = chat_logprobs(source.get("logprobs"))
         called = bool((choice.get("message") or {}).get("tool_calls"))
         if called and choice.get("finish_reason") == "stop":
             choice["finish_reason"] = "tool_calls"  # as vLLM's chat endpoint reports it
@@ -487,7 +512,9 @@ class _DerenderedStream:
             reply = await self.upstream.derender_chat(
                 {
                     "stream": True,
-                    "generate_chunk": without_end_of_turn(chunk, self.token.end_of_turn_id),
+                    "generate_chunk": for_derender(
+                        chunk, self.token.end_of_turn_id, logprobs=False
+                    ),
                     "stream_state": states.get(index),
                     "chat_request": self.token.chat_request,
                     "prompt_token_ids": self.token.prompt_ids,

@@ -228,7 +228,9 @@ class CaptureService:
         version = await self.weights.enter()  # held here while the weights change
         sending: asyncio.Task[Any] | None = None
         try:
-            plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
+            plan = await self.continuations.plan(
+                episode_id, endpoint, context_agent, upstream_body, harness_logprobs=wants.logprobs
+            )
             # The engine starts on the call while its admission commits, so the commit (an
             # fsync with the default store settings) is not on the call's path. A refused
             # admission aborts the engine's request; nothing but the refusal is answered.

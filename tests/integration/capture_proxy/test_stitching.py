@@ -11,7 +11,8 @@ drift: its continuations are not token prefixes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -183,19 +184,24 @@ def test_stitched_calls_keep_the_requested_max_tokens(stitched: Run) -> None:
         assert lengths[call.call_id] <= call.request["max_tokens"], call.step
 
 
-async def test_a_stitched_call_asks_the_engine_for_no_text_and_stop_strings_are_not_stitched(
+@dataclass(frozen=True)
+class _Continued:
+    """A recorded call of agent ``a`` (the real engine's answer) and a request continuing it."""
+
+    continuations: Continuations
+    episode: str
+    base_call_id: str
+    body: dict[str, Any]
+
+
+@pytest.fixture
+async def continued(
     vllm_server: VLLMServer, tmp_path: Path, make_store: Callable[..., Store]
-) -> None:
-    """Derender decodes the generated ids itself, so the token-in generation asks the engine for
-    no text of its own (``detokenize: false``; its incremental detokenizer costs ~6 % of the tiny
-    model's throughput). A continuation with stop strings is not stitched: the token-in route
-    answers whole tokens, so the text past a stop string ending inside a token — which vLLM's
-    chat answer cuts off — would reach the harness."""
+) -> AsyncIterator[_Continued]:
     store = make_store(sqlite_url(tmp_path / "c.db"))
     settings = Settings(upstream=UpstreamSettings(url=vllm_server.base_url), continuation="stitch")
     upstream = Upstream(settings.upstream)
-    continuations = Continuations(settings, store, upstream)
-    episode = (await store.create_episode("detokenize")).episode_id
+    episode = (await store.create_episode("continued")).episode_id
     task = [{"role": "user", "content": "Name a colour."}]
     first = httpx.post(
         f"{vllm_server.base_url}/v1/chat/completions",
@@ -230,21 +236,61 @@ async def test_a_stitched_call_asks_the_engine_for_no_text_and_stop_strings_are_
         "seed": 1,
     }
     try:
-        plan = await continuations.plan(episode, "chat", "a", body)
-        assert plan.token is not None, plan.record
-        assert plan.token.generate_body["sampling_params"]["detokenize"] is False
-        answer = await continuations.post_json(plan, "/v1/chat/completions", body)
-        assert answer.status_code == 200, answer.body
-        [out] = answer.body["choices"]
-        assert len(out["token_ids"]) == len(out["logprobs"]["content"]) == 24
-
-        stop = body | {"stop": ["e"]}
-        plan = await continuations.plan(episode, "chat", "a", stop)
-        assert plan.token is None and plan.record is not None
-        assert plan.record.reason == "stop_strings" and plan.record.base_call_id == call_id
-        answer = await continuations.post_json(plan, "/v1/chat/completions", stop)
-        assert answer.status_code == 200, answer.body
-        [out] = answer.body["choices"]
-        assert out["finish_reason"] == "stop" and "e" not in out["message"]["content"]
+        yield _Continued(Continuations(settings, store, upstream), episode, call_id, body)
     finally:
         await upstream.aclose()
+
+
+async def test_a_stitched_call_asks_the_engine_for_no_text_and_stop_strings_are_not_stitched(
+    continued: _Continued,
+) -> None:
+    """Derender decodes the generated ids itself, so the token-in generation asks the engine for
+    no text of its own (``detokenize: false``; its incremental detokenizer costs ~6 % of the tiny
+    model's throughput). A continuation with stop strings is not stitched: the token-in route
+    answers whole tokens, so the text past a stop string ending inside a token — which vLLM's
+    chat answer cuts off — would reach the harness."""
+    continuations, episode, body = continued.continuations, continued.episode, continued.body
+    plan = await continuations.plan(episode, "chat", "a", body)
+    assert plan.token is not None, plan.record
+    assert plan.token.generate_body["sampling_params"]["detokenize"] is False
+    answer = await continuations.post_json(plan, "/v1/chat/completions", body)
+    assert answer.status_code == 200, answer.body
+    [out] = answer.body["choices"]
+    assert len(out["token_ids"]) == len(out["logprobs"]["content"]) == 24
+
+    stop = body | {"stop": ["e"]}
+    plan = await continuations.plan(episode, "chat", "a", stop)
+    assert plan.token is None and plan.record is not None
+    assert (
+        plan.record.reason == "stop_strings" and plan.record.base_call_id == continued.base_call_id
+    )
+    answer = await continuations.post_json(plan, "/v1/chat/completions", stop)
+    assert answer.status_code == 200, answer.body
+    [out] = answer.body["choices"]
+    assert out["finish_reason"] == "stop" and "e" not in out["message"]["content"]
+
+
+async def test_derender_spells_logprob_tokens_only_for_a_harness_that_asked(
+    continued: _Continued,
+) -> None:
+    """Derender decodes the token of every log-probability it is sent (about 45 % of its CPU at
+    32 tokens); the capture needs only the numbers. A harness that did not ask for them is
+    scrubbed of them anyway, so derender is sent none and the capture reads the engine's own;
+    a harness that asked gets derender's spelling, as before. Both answers carry the same
+    message, ids and numbers (one seed)."""
+    continuations, episode, body = continued.continuations, continued.episode, continued.body
+    answers = {}
+    for asked in (False, True):
+        plan = await continuations.plan(episode, "chat", "a", body, harness_logprobs=asked)
+        assert plan.token is not None and plan.token.spelled_logprobs is asked, plan.record
+        reply = await continuations.post_json(plan, "/v1/chat/completions", body)
+        assert reply.status_code == 200, reply.body
+        [answers[asked]] = reply.body["choices"]
+    bare, spelled = answers[False], answers[True]
+    assert bare["message"]["content"] == spelled["message"]["content"]
+    assert bare["finish_reason"] == spelled["finish_reason"]
+    assert bare["token_ids"] == spelled["token_ids"] and len(bare["token_ids"]) == 24
+    numbers = [[e["logprob"] for e in a["logprobs"]["content"]] for a in (bare, spelled)]
+    assert numbers[0] == numbers[1] and len(numbers[0]) == 24
+    assert all(e["token"].startswith("token_id:") for e in bare["logprobs"]["content"])
+    assert not any(e["token"].startswith("token_id:") for e in spelled["logprobs"]["content"])

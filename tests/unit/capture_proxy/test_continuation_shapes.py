@@ -7,9 +7,22 @@ from capture_proxy.continuation import (
     TokenRequest,
     chat_answer,
     chat_logprobs,
+    for_derender,
     with_end_of_turn_logprob,
-    without_end_of_turn,
 )
+
+EOT = 2
+
+
+def _token(*, spelled_logprobs: bool) -> TokenRequest:
+    return TokenRequest(
+        [1, 2],
+        {},
+        {},
+        end_of_turn_id=EOT,
+        end_of_turn="<|im_end|>",
+        spelled_logprobs=spelled_logprobs,
+    )
 
 
 def test_generate_logprobs_become_chat_logprobs() -> None:
@@ -50,15 +63,34 @@ def test_chat_answer_carries_capture_fields_and_tool_finish_reason() -> None:
         "choices": [{"index": 0, "finish_reason": "stop", "message": {"tool_calls": [{"id": "t"}]}}]
     }
     generated = {"choices": [{"index": 0, "token_ids": [5, 6]}], "usage": {"total_tokens": 4}}
-    answer = chat_answer(derendered, generated, [1, 2])
+    answer = chat_answer(derendered, generated, _token(spelled_logprobs=True))
     assert answer["prompt_token_ids"] == [1, 2]
     assert answer["choices"][0]["token_ids"] == [5, 6]
     assert answer["choices"][0]["finish_reason"] == "tool_calls"
     assert answer["usage"] == {"total_tokens": 4}
 
 
+def test_derender_is_sent_no_logprobs_unless_the_harness_reads_their_tokens() -> None:
+    entries = [{"token_id": t, "logprob": -0.1 * t} for t in (7, 8, EOT)]
+    generated = {
+        "choices": [{"index": 0, "token_ids": [7, 8, EOT], "logprobs": {"content": entries}}]
+    }
+    bare = for_derender(generated, EOT, logprobs=False)
+    assert bare["choices"] == [{"index": 0, "token_ids": [7, 8]}]
+    derendered = {"choices": [{"index": 0, "message": {"content": "hi"}, "logprobs": None}]}
+    answer = chat_answer(derendered, generated, _token(spelled_logprobs=False))
+    # the capture's numbers come from the engine's answer, the end-of-turn's included
+    content = answer["choices"][0]["logprobs"]["content"]
+    assert [c["logprob"] for c in content] == [e["logprob"] for e in entries]
+    assert content[0]["token"] == "token_id:7"
+    # where the harness reads the tokens, derender's spelling is kept
+    spelled = {"choices": [{"index": 0, "logprobs": {"content": [{"token": "a"}]}}]}
+    kept = chat_answer(spelled, generated, _token(spelled_logprobs=True))
+    assert kept["choices"][0]["logprobs"] == {"content": [{"token": "a"}]}
+
+
 def test_end_of_turn_is_hidden_from_derender_and_given_back_to_capture() -> None:
-    eot = 2
+    eot = EOT
     generated = {
         "choices": [
             {
@@ -71,12 +103,12 @@ def test_end_of_turn_is_hidden_from_derender_and_given_back_to_capture() -> None
             {"index": 1, "token_ids": [7, 9], "logprobs": {"content": []}},  # stopped on length
         ]
     }
-    trimmed = without_end_of_turn(generated, eot)
+    trimmed = for_derender(generated, eot, logprobs=True)
     assert [c["token_ids"] for c in trimmed["choices"]] == [[7, 8], [7, 9]]
     assert len(trimmed["choices"][0]["logprobs"]["content"]) == 2
     assert generated["choices"][0]["token_ids"] == [7, 8, eot]  # the capture keeps what was sampled
 
-    token = TokenRequest([1], {}, {}, end_of_turn_id=eot, end_of_turn="<|im_end|>")
+    token = _token(spelled_logprobs=True)
     answer = {
         "choices": [
             {"index": 0, "logprobs": {"content": [{"token": "a"}, {"token": "b"}]}},
