@@ -34,8 +34,9 @@ spends on the capture fields.
 ``--continued`` (with ``--engine vllm``): also an agent's second turn — each episode's agent
 first answers the seeded first turn (the same reply everywhere), then the load sends the
 request holding that reply and a new question: directly, and through the proxy, which stitches
-it (render ×2, token-in generation, derender: four engine requests instead of one); the count of
-stitched calls is read back from the episodes.
+it (render ×2, token-in generation, derender: four engine requests instead of one; streamed,
+one derender per chunk); whole and streamed; the count of stitched calls is read back from the
+episodes.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -365,6 +366,8 @@ _VLLM_TARGETS = (
 _CONTINUED_TARGETS = (
     ("direct_continued", False, "continued"),
     ("continued", True, "continued"),
+    ("direct_continued_stream", False, "continued_stream"),
+    ("continued_stream", True, "continued_stream"),
 )
 
 
@@ -383,9 +386,12 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each target over all rounds, each ratio over all rounds and round by round: on a machine
     that drifts, one round's ratio can be 0.1 off another's, and the spread says so."""
     level: dict[str, Any] = {name: combine(r) for name, r in runs.items()}
-    ratios = _VLLM_RATIOS
+    ratios: tuple[tuple[str, str, str], ...] = _VLLM_RATIOS
     if "continued" in runs:
-        ratios += (("ratio_continued_direct", "continued", "direct_continued"),)
+        ratios += (
+            ("ratio_continued_direct", "continued", "direct_continued"),
+            ("ratio_continued_stream_direct", "continued_stream", "direct_continued_stream"),
+        )
     for ratio, top, bottom in ratios:
         level[ratio] = level[top]["rps"] / level[bottom]["rps"]
         level[f"{ratio}_rounds"] = [
@@ -442,12 +448,14 @@ def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
     )
 
 
-def _continued_body(
-    proxy_url: str, paths: Sequence[str], headers: Sequence[tuple[str, str]], chat: bytes
-) -> bytes:
+def _continued_bodies(
+    proxy_port: int, pid: int, paths: Sequence[str], headers: Sequence[tuple[str, str]], chat: bytes
+) -> dict[str, bytes]:
     """``--continued``: each episode's agent answers the seeded first turn (``chat``) through the
     proxy (one reply, the same everywhere); the body of the turn after it, which continues that
-    call."""
+    call (``continued``), and the same streamed (``continued_stream``), each sent a few times
+    (the engine's first requests on a route compile and allocate)."""
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
     first: dict[str, Any] = {**json.loads(chat), "seed": 7}
     replies = set()
     for path in paths:
@@ -462,7 +470,14 @@ def _continued_body(
         {"role": "assistant", "content": replies.pop()},
         {"role": "user", "content": "And three plus three?"},
     ]
-    return json.dumps({**json.loads(chat), "messages": messages}).encode()
+    body = {**json.loads(chat), "messages": messages}
+    bodies = {
+        "continued": json.dumps(body).encode(),
+        "continued_stream": json.dumps({**body, "stream": True}).encode(),
+    }
+    for form in bodies.values():
+        measure(proxy_port, paths, form, 2, 3, pid, headers)
+    return bodies
 
 
 def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
@@ -510,9 +525,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             measure(server.port, ["/v1/chat/completions"], bodies["chat"], 2, 3, None)
             measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
             if args.continued:
-                proxy_url = f"http://127.0.0.1:{proxy_port}"
-                bodies["continued"] = _continued_body(proxy_url, paths, agent, bodies["chat"])
-                measure(proxy_port, paths, bodies["continued"], 2, 3, pid, agent)
+                bodies |= _continued_bodies(proxy_port, pid, paths, agent, bodies["chat"])
             direct = ["/v1/chat/completions"]
             for c in [int(c) for c in args.concurrency.split(",")]:
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
@@ -699,17 +712,16 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             )
         ]
         print(f"  {kind} by round: {', '.join(spreads)}", flush=True)
-    if "continued" in level:
-        d, p, rounds = (
-            level["direct_continued"],
-            level["continued"],
-            level["ratio_continued_direct_rounds"],
-        )
+    for kind, name in (("whole ", "continued"), ("stream", "continued_stream")):
+        if name not in level:
+            continue
+        d, p, ratio = level[f"direct_{name}"], level[name], f"ratio_{name}_direct"
+        rounds = level[f"{ratio}_rounds"]
         print(
-            f"vllm {model} c={c} second turn: direct {d['rps']:.2f} rps p50 {d['p50_ms']:.0f} ms"
-            f" | proxy (stitched) {p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms cpu "
-            f"{p['cpu_ms_per_call']:.2f} ms/call | proxy/direct "
-            f"{level['ratio_continued_direct']:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
+            f"vllm {model} c={c} second turn {kind}: direct {d['rps']:.2f} rps p50 "
+            f"{d['p50_ms']:.0f} ms | proxy (stitched) {p['rps']:.2f} rps p50 {p['p50_ms']:.0f} ms"
+            f" cpu {p['cpu_ms_per_call']:.2f} ms/call | proxy/direct {level[ratio]:.3f} "
+            f"(rounds {min(rounds):.3f}–{max(rounds):.3f})",
             flush=True,
         )
     print(f"vllm {model} c={c}: errors {errors}", flush=True)

@@ -3,10 +3,11 @@
 ``Continuations.plan`` decides (capture_proxy/stitch.py) whether a chat request continues one of
 the agent's recorded calls and, in ``stitch`` mode, builds the stitched prompt from two renders.
 A stitched call goes through vLLM's token-in path: ``/inference/v1/generate`` with the stitched
-ids, each answer (or streamed chunk) turned back into an ordinary chat completion by
-``/v1/chat/completions/derender`` (vLLM's own tool-call parser). The result is shaped like vLLM's
-chat answer (``prompt_token_ids`` = the stitched ids, ``token_ids``, ``logprobs.content``), so
-capture and scrubbing are the same as on the pass-through path. Everything else passes through.
+ids, each answer (or streamed batch of chunks) turned back into an ordinary chat completion by
+``/v1/chat/completions/derender`` (vLLM's own tool-call parser; :mod:`capture_proxy.derender`).
+The result is shaped like vLLM's chat answer (``prompt_token_ids`` = the stitched ids,
+``token_ids``, ``logprobs.content``), so capture and scrubbing are the same as on the
+pass-through path. Everything else passes through.
 
 Per call, ``calls.continuation`` keeps a :class:`~capture_contracts.bundle.ContinuationRecord`: the
 mode, the message hashes, whether it was stitched and why not, and the call it extends (the drift
@@ -15,14 +16,21 @@ report, :mod:`capture_contracts.drift`, is computed from it).
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
+from capture_proxy.derender import (
+    DerenderedStream,
+    StreamPacing,
+    TokenRequest,
+    chat_answer,
+    for_derender,
+    with_end_of_turn_logprob,
+)
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
@@ -39,29 +47,13 @@ from capture_proxy.stitch import (
 )
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.upstream import TOKENIZE, RawResponse, Upstream, UpstreamReply, sse_events
-from capture_proxy.upstream.transport import FINISH_TIMEOUT_S
+from capture_proxy.upstream import TOKENIZE, RawResponse, Upstream, UpstreamReply
 
 #: Choices worth a second look after reading the agent's calls completed elsewhere since.
 _LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
 #: Statuses with which vLLM refuses the scale-out routes when they are not enabled.
 _UNAVAILABLE = {403, 404, 405, 501}
 _STREAM_ONLY = ("stream", "stream_options")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenRequest:
-    """A stitched call, ready for the token-in path."""
-
-    prompt_ids: list[int]
-    generate_body: dict[str, Any]
-    chat_request: dict[str, Any]  # the prepared chat body, for derender's parsers
-    end_of_turn_id: int
-    end_of_turn: str
-    #: The harness asked for log-probabilities: derender spells their tokens for its answer.
-    #: Otherwise derender is sent none (their tokens would be decoded only to be dropped: about
-    #: 45 % of a derender's CPU at 32 tokens) and the capture takes them from the engine's answer.
-    spelled_logprobs: bool = False
 
 
 @dataclass(slots=True)
@@ -110,6 +102,9 @@ class Continuations:
         self._eot_id: int | None = None
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
+        self.pacing = StreamPacing(
+            settings.continuation_stream_growth, settings.continuation_stream_max_wait_s
+        )
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -346,7 +341,7 @@ class Continuations:
         response = await self.upstream.open_generate_stream(plan.token.generate_body)
         if response.status_code >= 400:
             return response
-        return _DerenderedStream(self.upstream, response, plan.token)
+        return DerenderedStream(self.upstream, response, plan.token, self.pacing)
 
     # -- recording --------------------------------------------------------------------------
 
@@ -366,182 +361,3 @@ class Continuations:
             replace(gen, reply_hash=chain_next(prefix, message))
             for gen, message in zip(generations, messages, strict=False)
         ]
-
-
-def for_derender(
-    generated: dict[str, Any], end_of_turn_id: int, *, logprobs: bool
-) -> dict[str, Any]:
-    """The generate answer (or chunk) as derender is sent it: without each choice's final
-    end-of-turn token and, unless ``logprobs``, without the log-probabilities.
-
-    The end-of-turn token ends the assistant message; it is not part of its text. Derender keeps
-    special tokens when a tool parser is configured, so it is removed before derendering (the
-    captured ``token_ids`` keep it: the model sampled it). Derender decodes the token of every
-    log-probability it is sent; where nobody reads that text, it is sent none (the capture reads
-    the engine's own answer: :func:`chat_answer`).
-    """
-    choices = []
-    for choice in generated.get("choices") or []:
-        ids = list(choice.get("token_ids") or [])
-        trimmed = dict(choice)
-        ends = bool(ids) and ids[-1] == end_of_turn_id
-        if ends:
-            trimmed["token_ids"] = ids[:-1]
-        entries = choice.get("logprobs")
-        if not logprobs:
-            trimmed.pop("logprobs", None)
-        elif ends and isinstance(entries, dict) and entries.get("content"):
-            trimmed["logprobs"] = dict(entries, content=list(entries["content"])[:-1])
-        choices.append(trimmed)
-    return dict(generated, choices=choices)
-
-
-def with_end_of_turn_logprob(
-    answer: dict[str, Any], generated: dict[str, Any], token: TokenRequest
-) -> dict[str, Any]:
-    """Give back the end-of-turn token's logprob entry that derender did not see (as vLLM's chat
-    answer lists one entry per sampled token, the end-of-turn included)."""
-    sampled = {c.get("index", 0): c for c in generated.get("choices") or []}
-    for choice in answer.get("choices") or []:
-        source = sampled.get(choice.get("index", 0), {})
-        ids = source.get("token_ids") or []
-        content = (choice.get("logprobs") or {}).get("content")
-        source_content = (source.get("logprobs") or {}).get("content") or []
-        if not ids or ids[-1] != token.end_of_turn_id or content is None or not source_content:
-            continue
-        if len(content) == len(ids):
-            continue
-        last = source_content[-1]
-        content.append(
-            {
-                "token": token.end_of_turn,
-                "logprob": last["logprob"],
-                "bytes": list(token.end_of_turn.encode()),
-                "top_logprobs": [],
-            }
-        )
-    return answer
-
-
-def chat_answer(
-    derendered: dict[str, Any], generated: dict[str, Any], token: TokenRequest
-) -> dict[str, Any]:
-    """A derendered chat completion with vLLM's chat capture fields, as the pass-through gives
-    (the log-probabilities from the engine's answer where derender was sent none)."""
-    answer = dict(derendered)
-    answer["prompt_token_ids"] = token.prompt_ids
-    if generated.get("usage"):
-        answer["usage"] = generated["usage"]
-    sampled = {c.get("index", 0): c for c in generated.get("choices") or []}
-    for choice in answer.get("choices") or []:
-        source = sampled.get(choice.get("index", 0), {})
-        choice["token_ids"] = source.get("token_ids") or []
-        if not token.spelled_logprobs:
-            choice["logprobs"] = chat_logprobs(source.get("logprobs"))
-        called = bool((choice.get("message") or {}).get("tool_calls"))
-        if called and choice.get("finish_reason") == "stop":
-            choice["finish_reason"] = "tool_calls"  # as vLLM's chat endpoint reports it
-    return answer
-
-
-def chat_logprobs(generated: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Generate-format logprobs (``{token_id, logprob, rank}``) in the chat shape a harness expects.
-
-    The token-in path has no token strings; they are given as ``"token_id:<id>"``, vLLM's own
-    spelling for ``--return-tokens-as-token-ids``.
-    """
-    if not isinstance(generated, dict) or generated.get("content") is None:
-        return None
-    return {
-        "content": [
-            {
-                "token": f"token_id:{item['token_id']}",
-                "logprob": item["logprob"],
-                "bytes": None,
-                "top_logprobs": [
-                    {
-                        "token": f"token_id:{top['token_id']}",
-                        "logprob": top["logprob"],
-                        "bytes": None,
-                    }
-                    for top in item.get("top_logprobs") or []
-                ],
-            }
-            for item in generated["content"]
-        ]
-    }
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
-
-
-class _DerenderedStream:
-    """The engine's token stream, derendered chunk by chunk into chat completion chunks (a
-    :class:`~capture_proxy.upstream.RawResponse`, like the pass-through stream)."""
-
-    status_code = 200
-
-    def __init__(self, upstream: Upstream, response: RawResponse, token: TokenRequest) -> None:
-        self.upstream = upstream
-        self.response = response
-        self.token = token
-        self._pieces: AsyncGenerator[bytes, None] | None = None
-
-    async def read_some(self) -> bytes:
-        if self._pieces is None:
-            self._pieces = self.aiter_bytes()
-        return await anext(self._pieces, b"")
-
-    async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_bytes()])
-
-    async def aiter_bytes(self) -> AsyncGenerator[bytes, None]:
-        states: dict[int, Any] = {}
-        first = True
-        async for data in sse_events(self.response):
-            if data.strip() == "[DONE]":
-                yield b"data: [DONE]\n\n"
-                return
-            chunk = json.loads(data)
-            if not isinstance(chunk, dict) or "choices" not in chunk:
-                yield _sse(chunk if isinstance(chunk, dict) else {"error": {"message": data}})
-                continue
-            indices = [int(c.get("index", 0)) for c in chunk["choices"]]
-            index = indices[0] if indices else 0
-            reply = await self.upstream.derender_chat(
-                {
-                    "stream": True,
-                    "generate_chunk": for_derender(
-                        chunk, self.token.end_of_turn_id, logprobs=False
-                    ),
-                    "stream_state": states.get(index),
-                    "chat_request": self.token.chat_request,
-                    "prompt_token_ids": self.token.prompt_ids,
-                    "prompt_tokens": len(self.token.prompt_ids),
-                }
-            )
-            if reply.status_code >= 400 or not isinstance(reply.body, dict):
-                yield _sse({"error": reply.body.get("error") if reply.status_code >= 400 else {}})
-                return
-            states[index] = reply.body["stream_state"]
-            out: dict[str, Any] = reply.body["chunk"]
-            if first:
-                out["prompt_token_ids"] = self.token.prompt_ids
-                first = False
-            sampled = {int(c.get("index", 0)): c for c in chunk["choices"]}
-            for choice in out.get("choices") or []:
-                source = sampled.get(int(choice.get("index", 0)), {})
-                choice["token_ids"] = source.get("token_ids") or []
-                choice["logprobs"] = chat_logprobs(source.get("logprobs"))
-            if chunk.get("usage"):
-                out["usage"] = chunk["usage"]
-            yield _sse(out)
-
-    async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:
-        await self.response.finish(timeout_s)
-
-    async def aclose(self) -> None:
-        if self._pieces is not None:  # (read_some's iterator, left at a piece: closed now)
-            await self._pieces.aclose()
-        await self.response.aclose()

@@ -11,6 +11,7 @@ drift: its continuations are not token prefixes.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,3 +295,48 @@ async def test_derender_spells_logprob_tokens_only_for_a_harness_that_asked(
     assert numbers[0] == numbers[1] and len(numbers[0]) == 24
     assert all(e["token"].startswith("token_id:") for e in bare["logprobs"]["content"])
     assert not any(e["token"].startswith("token_id:") for e in spelled["logprobs"]["content"])
+
+
+async def test_a_stitched_stream_is_derendered_in_growing_batches_and_equals_the_whole_answer(
+    continued: _Continued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a parser configured (hermes here), each streamed derender replays the answer so far,
+    so the stream goes to derender in batches that grow with the answer: 64 tokens take about a
+    dozen derenders, not 64. The harness receives the same text, ids and numbers as the whole
+    stitched answer of the same seed."""
+    continuations, episode = continued.continuations, continued.episode
+    body = continued.body | {"max_tokens": 64, "min_tokens": 64}
+    plan = await continuations.plan(episode, "chat", "a", body)
+    assert plan.token is not None, plan.record
+    whole = await continuations.post_json(plan, "/v1/chat/completions", body)
+    assert whole.status_code == 200, whole.body
+    [expected] = whole.body["choices"]
+
+    streamed = body | {"stream": True}
+    plan = await continuations.plan(episode, "chat", "a", streamed)
+    assert plan.token is not None, plan.record
+    upstream = continuations.upstream
+    derender = upstream.derender_chat
+    sent: list[dict[str, Any]] = []
+
+    async def counted(request: dict[str, Any]) -> Any:
+        sent.append(request)
+        return await derender(request)
+
+    monkeypatch.setattr(upstream, "derender_chat", counted)
+    response = await continuations.open_stream(plan, "/v1/chat/completions", streamed)
+    raw = await response.aread()
+    await response.aclose()
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    choices = [c["choices"][0] for c in chunks if c.get("choices")]
+    assert (
+        "".join(c["delta"].get("content") or "" for c in choices)
+        == (expected["message"]["content"])
+    )
+    assert [t for c in choices for t in c["token_ids"]] == expected["token_ids"]
+    numbers = [e["logprob"] for c in choices for e in c["logprobs"]["content"]]
+    assert numbers == [e["logprob"] for e in expected["logprobs"]["content"]]
+    assert len(expected["token_ids"]) == 64
+    assert 5 <= len(sent) <= 14, [len(r["generate_chunk"]["choices"]) for r in sent]

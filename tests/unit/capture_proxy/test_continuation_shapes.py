@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from capture_proxy.capture import StreamCapture
-from capture_proxy.continuation import (
+from capture_proxy.derender import (
     TokenRequest,
     chat_answer,
     chat_logprobs,
