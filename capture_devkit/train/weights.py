@@ -26,6 +26,8 @@ from typing import Protocol
 
 import httpx
 
+from capture_proxy.upstream.transport import ENGINE_IDLE_S
+
 #: vLLM serves its RL and dev routes only in dev mode.
 DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 KEEP_VERSIONS = 2  # weight directories kept on disk (the latest is the resume checkpoint's)
@@ -50,7 +52,12 @@ class ReloadFromDisk:
     """Pause the proxy, save, reload vLLM in place, version it, resume the proxy."""
 
     def __init__(self, engine_url: str, proxy_url: str, weights_dir: Path) -> None:
-        self.engine = httpx.Client(base_url=engine_url, timeout=300)
+        # One delivery per iteration, ~5 s apart on this machine: with httpx's default idle
+        # expiry (5 s, uvicorn's keep-alive timeout too) the next delivery's first request could
+        # go out on a connection vLLM was closing ("Server disconnected without sending a
+        # response"). Idle connections expire before vLLM closes them.
+        limits = httpx.Limits(keepalive_expiry=ENGINE_IDLE_S)
+        self.engine = httpx.Client(base_url=engine_url, timeout=300, limits=limits)
         self.proxy = httpx.Client(base_url=proxy_url, timeout=660)
         self.weights_dir = weights_dir
 

@@ -28,8 +28,9 @@ import httpx
 
 _READ_SIZE = 65536
 #: Idle connections older than this are not reused (uvicorn, which vLLM runs on, closes idle
-#: keep-alive connections after 5 s; reusing one it is closing would fail the request).
-_IDLE_S = 4.0
+#: keep-alive connections after 5 s; reusing one it is closing would fail the request). Every
+#: client of the engine keeps to it (httpx's own default, 5 s, is the same as uvicorn's).
+ENGINE_IDLE_S = 4.0
 #: How long ``RawResponse.finish`` waits for the end of a stream after its ``[DONE]`` (vLLM sends
 #: both in the same write or right after; beyond this the connection is closed, not reused).
 FINISH_TIMEOUT_S = 0.05
@@ -159,7 +160,7 @@ class _Connection:
             not self.reader.at_eof()
             and self.reader.exception() is None  # (a read that timed out as its data came)
             and not self.writer.is_closing()
-            and time.monotonic() - self.idle_since < _IDLE_S
+            and time.monotonic() - self.idle_since < ENGINE_IDLE_S
         )
 
     def close(self) -> None:
