@@ -189,6 +189,11 @@ def merge_chunks(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+#: What a derendered chunk holds of its own (the rest — id, object, created, model — is the
+#: stream's).
+_PER_CHUNK = frozenset({"choices", "usage", "metrics", "prompt_token_ids"})
+
+
 class _DerenderFailed(Exception):
     def __init__(self, error: Any) -> None:
         super().__init__(error)
@@ -221,6 +226,7 @@ class DerenderedStream:
     _choices: dict[int, _Choice] = field(default_factory=dict)
     _first: bool = True
     _pieces: AsyncGenerator[bytes, None] | None = None
+    _last: dict[str, Any] | None = None  # the last chunk derender made
 
     async def read_some(self) -> bytes:
         if self._pieces is None:
@@ -258,9 +264,7 @@ class DerenderedStream:
                 if not isinstance(chunk, dict) or "choices" not in chunk:
                     yield _sse(chunk if isinstance(chunk, dict) else {"error": {"message": data}})
                     continue
-                # (the usage chunk has no choice; vLLM reads it with the first choice's state)
-                first = self._choices.get(0, _Choice())
-                yield await self._derender(chunk, _Choice(state=first.state))
+                yield await self._without_choices(chunk)
             for out in await self._flush(everything=False):
                 yield out
         for out in await self._flush(everything=True):  # (a stream cut before its [DONE])
@@ -308,6 +312,7 @@ class DerenderedStream:
             raise _DerenderFailed(error or {"message": f"derender answered {reply.status_code}"})
         slot.state = reply.body["stream_state"]
         out: dict[str, Any] = reply.body["chunk"]
+        self._last = out
         if self._first:
             out["prompt_token_ids"] = self.token.prompt_ids
             self._first = False
@@ -318,6 +323,20 @@ class DerenderedStream:
             choice["logprobs"] = chat_logprobs(source.get("logprobs"))
         if chunk.get("usage"):
             out["usage"] = chunk["usage"]
+        return _sse(out)
+
+    async def _without_choices(self, chunk: dict[str, Any]) -> bytes:
+        """A chunk with no choice (the usage that ends a stream): derender would only wrap it, as
+        it wrapped the last one (its ``id``, ``created``, ``model``) — one engine request per
+        streamed call saved. (Before any chunk was derendered, derender wraps it.)"""
+        if self._last is None or chunk.get("choices"):
+            first = self._choices.get(0, _Choice())  # (vLLM reads it with the first's state)
+            return await self._derender(chunk, _Choice(state=first.state))
+        out = {k: v for k, v in self._last.items() if k not in _PER_CHUNK}
+        out["choices"] = []
+        for key in ("usage", "metrics"):
+            if chunk.get(key) is not None:
+                out[key] = chunk[key]
         return _sse(out)
 
     async def finish(self, timeout_s: float = FINISH_TIMEOUT_S) -> None:

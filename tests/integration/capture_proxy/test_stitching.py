@@ -303,7 +303,7 @@ async def test_a_stitched_stream_is_derendered_in_growing_batches_and_equals_the
     """With a parser configured (hermes here), each streamed derender replays the answer so far,
     so the stream goes to derender in batches that grow with the answer: 64 tokens take about a
     dozen derenders, not 64. The harness receives the same text, ids and numbers as the whole
-    stitched answer of the same seed."""
+    stitched answer of the same seed, and the usage that ends the stream."""
     continuations, episode = continued.continuations, continued.episode
     body = continued.body | {"max_tokens": 64, "min_tokens": 64}
     plan = await continuations.plan(episode, "chat", "a", body)
@@ -312,7 +312,7 @@ async def test_a_stitched_stream_is_derendered_in_growing_batches_and_equals_the
     assert whole.status_code == 200, whole.body
     [expected] = whole.body["choices"]
 
-    streamed = body | {"stream": True}
+    streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
     plan = await continuations.plan(episode, "chat", "a", streamed)
     assert plan.token is not None, plan.record
     upstream = continuations.upstream
@@ -340,3 +340,8 @@ async def test_a_stitched_stream_is_derendered_in_growing_batches_and_equals_the
     assert numbers == [e["logprob"] for e in expected["logprobs"]["content"]]
     assert len(expected["token_ids"]) == 64
     assert 5 <= len(sent) <= 14, [len(r["generate_chunk"]["choices"]) for r in sent]
+    # the usage that ends the stream is wrapped like the other chunks, without a derender
+    assert all(r["generate_chunk"]["choices"] for r in sent)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 64
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert {c["model"] for c in chunks} == {chunks[0]["model"]}
