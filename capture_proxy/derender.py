@@ -328,7 +328,8 @@ class DerenderedStream:
     async def _without_choices(self, chunk: dict[str, Any]) -> bytes:
         """A chunk with no choice (the usage that ends a stream): derender would only wrap it, as
         it wrapped the last one (its ``id``, ``created``, ``model``) — one engine request per
-        streamed call saved. (Before any chunk was derendered, derender wraps it.)"""
+        streamed call saved. (Before any chunk was derendered, derender wraps it; a chunk of
+        several choices, which vLLM never streams, goes to derender, which refuses it.)"""
         if self._last is None or chunk.get("choices"):
             first = self._choices.get(0, _Choice())  # (vLLM reads it with the first's state)
             return await self._derender(chunk, _Choice(state=first.state))
