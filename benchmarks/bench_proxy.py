@@ -36,7 +36,7 @@ engine itself spends on the capture fields.
 first answers the seeded first turn (the same reply everywhere), then the load sends the
 request holding that reply and a new question: directly, and through the proxy, which stitches
 it (render ×2, token-in generation, derender: four engine requests instead of one; streamed,
-one derender per chunk); whole and streamed; the count of stitched calls is read back from the
+derender in growing batches); whole and streamed; the count of stitched calls is read back from the
 episodes.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the

@@ -6,7 +6,7 @@ tool/reasoning parsers) makes the chat message of them; the answer is given the 
 fields (``prompt_token_ids``, ``token_ids``, ``logprobs.content``) so capture and scrubbing are
 those of the pass-through path.
 
-Streams are derendered in batches (:func:`derender_due`). With a parser configured, vLLM's
+Streams are derendered in batches (:class:`StreamPacing`). With a parser configured, vLLM's
 streamed derender cannot carry the parser's state between calls: each call replays every earlier
 token of the answer (O(n) per call, documented in vLLM's ``DerenderStreamState``), so derendering
 each token as it comes costs O(n²) per answer — 980 ms of the engine's CPU for 256 tokens,
@@ -171,20 +171,25 @@ class StreamPacing:
         )
 
 
-def merge_chunks(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
-    """Two generate chunks of one choice as one: ids and log-probability entries in order, the
-    later chunk's finish and fields (the earlier's where the later has none, e.g. the first
-    chunk's ``prompt_token_ids``)."""
-    [a], [b] = first["choices"], then["choices"]
-    choice = {**a, **{k: v for k, v in b.items() if v is not None}}
-    choice["token_ids"] = [*(a.get("token_ids") or ()), *(b.get("token_ids") or ())]
-    entries = [
-        *((a.get("logprobs") or {}).get("content") or ()),
-        *((b.get("logprobs") or {}).get("content") or ()),
-    ]
+def merge_chunks(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate chunks of one choice as one: ids and log-probability entries in order, the last
+    chunk's finish, and each field as the latest chunk that has it gives it (the first chunk's
+    ``prompt_token_ids``, the last one's usage)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    merged = dict(chunks[0])
+    choice = dict(chunks[0]["choices"][0])
+    ids: list[int] = []
+    entries: list[Any] = []
+    for chunk in chunks:
+        merged.update((k, v) for k, v in chunk.items() if v is not None)
+        [part] = chunk["choices"]
+        choice.update((k, v) for k, v in part.items() if v is not None)
+        ids.extend(part.get("token_ids") or ())
+        entries.extend((part.get("logprobs") or {}).get("content") or ())
+    choice["token_ids"] = ids
     choice["logprobs"] = {"content": entries} if entries else None
-    choice["finish_reason"] = b.get("finish_reason")
-    merged = {**first, **{k: v for k, v in then.items() if v is not None}}
+    choice["finish_reason"] = chunks[-1]["choices"][0].get("finish_reason")
     merged["choices"] = [choice]
     return merged
 
@@ -207,7 +212,7 @@ class _Choice:
 
     state: Any = None
     derendered: int = 0
-    held: dict[str, Any] | None = None
+    held: list[dict[str, Any]] = field(default_factory=list)
     held_tokens: int = 0
     held_since: float = 0.0
     finished: bool = False
@@ -273,10 +278,9 @@ class DerenderedStream:
     def _hold(self, chunk: dict[str, Any]) -> None:
         [choice] = chunk["choices"]
         slot = self._choices.setdefault(int(choice.get("index", 0)), _Choice())
-        if slot.held is None:
-            slot.held, slot.held_since = chunk, time.monotonic()
-        else:
-            slot.held = merge_chunks(slot.held, chunk)
+        if not slot.held:
+            slot.held_since = time.monotonic()
+        slot.held.append(chunk)
         slot.held_tokens += len(choice.get("token_ids") or ())
         slot.finished = choice.get("finish_reason") is not None
 
@@ -284,13 +288,13 @@ class DerenderedStream:
         out = []
         now = time.monotonic()
         for slot in self._choices.values():
-            if slot.held is None:
+            if not slot.held:
                 continue
             waited = now - slot.held_since
             if everything or self.pacing.due(
                 slot.held_tokens, slot.derendered, waited, slot.finished
             ):
-                chunk, slot.held = slot.held, None
+                chunk, slot.held = merge_chunks(slot.held), []
                 slot.derendered += slot.held_tokens
                 slot.held_tokens = 0
                 out.append(await self._derender(chunk, slot))

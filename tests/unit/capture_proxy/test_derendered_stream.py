@@ -110,7 +110,7 @@ def test_pacing_grows_with_the_answer_and_never_holds_the_first_or_last_token() 
 
 def test_merged_chunks_keep_every_id_and_logprob_in_order_and_the_last_finish() -> None:
     first = _chunk([7, 8]) | {"prompt_token_ids": [1, 5]}
-    merged = merge_chunks(merge_chunks(first, _chunk([9])), _chunk([EOT], "stop"))
+    merged = merge_chunks([first, _chunk([9]), _chunk([EOT], "stop")])
     [choice] = merged["choices"]
     assert choice["token_ids"] == [7, 8, 9, EOT]
     assert [e["token_id"] for e in choice["logprobs"]["content"]] == [7, 8, 9, EOT]
