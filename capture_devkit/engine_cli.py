@@ -6,8 +6,8 @@
                          [--max-model-len N] [--kv-cache-bytes B] [--log FILE] [--json]
 
 Starts :class:`~capture_devkit.engine.VLLMServer` with: token ids and logprobs in its answers
-(vLLM ≥ 0.32 returns them when asked; the proxy asks), ``--enable-scale-out`` (the render /
-token-in generate / derender routes exact-token continuation uses), the hermes tool parser with
+(vLLM ≥ 0.32 returns them when asked; the proxy asks), ``--enable-scale-out`` (the render
+route exact-token continuation uses), the hermes tool parser with
 automatic tool choice, and a context of ``--max-model-len`` tokens (default 32768: OpenCode's and
 Claude Code's first requests alone are 4k–20k tiny-model tokens). Prints the URL (and the
 setting that points a proxy at it) once the server is healthy, then keeps it running until

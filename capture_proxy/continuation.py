@@ -2,12 +2,12 @@
 
 ``Continuations.plan`` decides (capture_proxy/stitch.py) whether a chat request continues one of
 the agent's recorded calls and, in ``stitch`` mode, builds the stitched prompt from two renders.
-A stitched call goes through vLLM's token-in path: ``/inference/v1/generate`` with the stitched
-ids, each answer (or streamed batch of chunks) turned back into an ordinary chat completion by
-``/v1/chat/completions/derender`` (vLLM's own tool-call parser; :mod:`capture_proxy.derender`).
-The result is shaped like vLLM's chat answer (``prompt_token_ids`` = the stitched ids,
-``token_ids``, ``logprobs.content``), so capture and scrubbing are the same as on the
-pass-through path. Everything else passes through.
+A stitched call goes to the engine's own chat route with the stitched ids forwarded in
+``kv_transfer_params.prompt_token_ids`` (vLLM's decode-side token reuse: the ids are the prompt,
+the chat template and tokenizer are skipped, and the answer is the chat route's own — text, stop
+strings, vLLM's tool and reasoning parsers, log-probabilities, streaming). Its answer is then an
+ordinary chat completion whose ``prompt_token_ids`` are the stitched ids, so capture and
+scrubbing are the pass-through path's. Everything else passes through.
 
 Per call, ``calls.continuation`` keeps a :class:`~capture_contracts.bundle.ContinuationRecord`: the
 mode, the message hashes, whether it was stitched and why not, and the call it extends (the drift
@@ -23,14 +23,6 @@ from typing import Any
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
-from capture_proxy.derender import (
-    DerenderedStream,
-    StreamPacing,
-    TokenRequest,
-    chat_answer,
-    for_derender,
-    with_end_of_turn_logprob,
-)
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
@@ -47,21 +39,53 @@ from capture_proxy.stitch import (
 )
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.upstream import TOKENIZE, RawResponse, Upstream, UpstreamReply
+from capture_proxy.upstream import TOKENIZE, Upstream
 
 #: Choices worth a second look after reading the agent's calls completed elsewhere since.
 _LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
 #: Statuses with which vLLM refuses the scale-out routes when they are not enabled.
 _UNAVAILABLE = {403, 404, 405, 501}
 _STREAM_ONLY = ("stream", "stream_options")
+#: Content parts vLLM renders as text (vLLM's ``has_non_text_content``: a forwarded prompt is
+#: ignored for the others); and words that name media in a part's keys, whatever its type.
+_TEXT_PARTS = frozenset(
+    {"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"}
+)
+_MEDIA_WORDS = ("image", "audio", "video", "file", "embeds")
 
 
 @dataclass(slots=True)
 class Plan:
     record: ContinuationRecord | None  # stored in calls.continuation
     prefix_hash: str | None = None
-    token: TokenRequest | None = None
+    #: A stitched call: the chat body sent instead of the prepared one (the stitched ids
+    #: forwarded in ``kv_transfer_params``).
+    body: dict[str, Any] | None = None
     replies: ReplyAccumulator = field(default_factory=ReplyAccumulator)
+
+    def upstream_body(self, prepared: dict[str, Any]) -> dict[str, Any]:
+        """The body the engine is sent for this call."""
+        return prepared if self.body is None else self.body
+
+
+def rendered_by_engine(body: dict[str, Any]) -> FallbackReason | None:
+    """Why vLLM would render this request itself, ignoring forwarded prompt ids: ``echo``
+    (the answer repeats the rendered last message), or a content part that is not text (the
+    media go with the messages, not with the ids)."""
+    if body.get("echo"):
+        return "echo"
+    for message in body["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type", "text") not in _TEXT_PARTS
+                or any(word in key for key in part for word in _MEDIA_WORDS)
+            ):
+                return "media_content"
+    return None
 
 
 class _TokenPathUnavailable(Exception):
@@ -102,9 +126,6 @@ class Continuations:
         self._eot_id: int | None = None
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
-        self.pacing = StreamPacing(
-            settings.continuation_stream_growth, settings.continuation_stream_max_wait_s
-        )
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -186,11 +207,8 @@ class Continuations:
         endpoint: Endpoint,
         agent_id: str | None,
         body: dict[str, Any],
-        *,
-        harness_logprobs: bool = False,
     ) -> Plan:
-        """``body``: the request as sent to the engine; ``harness_logprobs``: the harness itself
-        asked for log-probabilities (the capture always does)."""
+        """``body``: the request as prepared for the engine (capture fields added)."""
         if endpoint != "chat":
             return Plan(ContinuationRecord(stitched=False, reason="not_chat", mode=self.mode))
         messages: list[dict[str, Any]] = body["messages"]
@@ -214,27 +232,28 @@ class Continuations:
         if self.mode == "passthrough":
             plan.record = replace(record, reason="passthrough_mode")
             return plan
-        if body.get("stop"):
-            # The token-in route answers whole tokens and derender decodes them all: the text
-            # past a stop string that ends inside a token (which vLLM's chat answer cuts off,
-            # whole and streamed) would reach the harness. Its own text needs the chat route.
-            plan.record = replace(record, reason="stop_strings")
+        rendered = rendered_by_engine(body)
+        if rendered is not None:
+            plan.record = replace(record, reason=rendered)
             return plan
         try:
-            token = await self._stitch(body, choice, harness_logprobs)
+            stitched = await self._stitch(body, choice)
         except _TokenPathUnavailable:
-            token = "token_path_unavailable"
-        if isinstance(token, str):
-            plan.record = replace(record, reason=token)
+            stitched = "token_path_unavailable"
+        if isinstance(stitched, str):
+            plan.record = replace(record, reason=stitched)
             return plan
-        request, stitched = token
         plan.record = replace(
             record,
             stitched=True,
             base_len=stitched.base_len,
             suffix_len=len(stitched.trailer) + len(stitched.suffix),
         )
-        plan.token = request
+        forwarded = body.get("kv_transfer_params")
+        forwarded = forwarded if isinstance(forwarded, dict) else {}
+        plan.body = body | {
+            "kv_transfer_params": forwarded | {"prompt_token_ids": stitched.prompt_ids}
+        }
         return plan
 
     async def _render(self, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -256,9 +275,7 @@ class Continuations:
             self._eot_id = int(tokens[0])
         return self._eot_id
 
-    async def _stitch(
-        self, body: dict[str, Any], choice: Extends, harness_logprobs: bool
-    ) -> tuple[TokenRequest, Stitched] | FallbackReason:
+    async def _stitch(self, body: dict[str, Any], choice: Extends) -> Stitched | FallbackReason:
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
         full = await self._render(body)
         head = await self._render(
@@ -274,74 +291,7 @@ class Continuations:
         prompt, completion = await self.store.call_tokens(choice.base.call_id)  # one key read
         eot = await self._end_of_turn_id(body.get("model"))
         stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full["token_ids"])
-        if isinstance(stitched, Fresh):
-            return stitched.reason
-        sampling = dict(full["sampling_params"])
-        grown = len(stitched.prompt_ids) - len(full["token_ids"])
-        requested = body.get("max_completion_tokens") or body.get("max_tokens")
-        explicit = isinstance(requested, int) and not isinstance(requested, bool)
-        if explicit and sampling.get("max_tokens") is None:
-            # vLLM 0.32's render answers no max_tokens: without it the generation ran on to
-            # the end of turn or the context limit, whatever the harness asked for.
-            sampling["max_tokens"] = requested
-        if not explicit and grown > 0 and isinstance(sampling.get("max_tokens"), int):
-            sampling["max_tokens"] = max(1, sampling["max_tokens"] - grown)
-        if sampling.get("logprobs") is None:
-            sampling["logprobs"] = 0  # the sampled token's own logprob
-        # Derender decodes the ids itself: the engine's incremental detokenizer would only make
-        # text nobody reads (~0.6 ms of its API server's CPU per call of 32 tokens, ~6 % of the
-        # tiny model's throughput). vLLM needs it for stop strings, which are never stitched.
-        sampling["detokenize"] = False
-        generate = {
-            "request_id": full.get("request_id"),
-            "token_ids": stitched.prompt_ids,
-            "sampling_params": sampling,
-            "model": full.get("model"),
-            "stream": bool(body.get("stream")),
-        }
-        if body.get("stream"):
-            generate["stream_options"] = full.get("stream_options") or {"include_usage": False}
-        request = TokenRequest(
-            stitched.prompt_ids,
-            generate,
-            body if body.get("stream") else whole,
-            end_of_turn_id=eot,
-            end_of_turn=self.end_of_turn,
-            spelled_logprobs=harness_logprobs and not body.get("stream"),
-        )
-        return request, stitched
-
-    # -- routing ----------------------------------------------------------------------------
-
-    async def post_json(self, plan: Plan | None, path: str, body: dict[str, Any]) -> UpstreamReply:
-        if plan is None or plan.token is None:
-            return await self.upstream.post_json(path, body)
-        token = plan.token
-        reply = await self.upstream.generate(token.generate_body)
-        if reply.status_code >= 400:
-            return reply
-        derendered = await self.upstream.derender_chat(
-            {
-                "generate_response": for_derender(
-                    reply.body, token.end_of_turn_id, logprobs=token.spelled_logprobs
-                ),
-                "chat_request": token.chat_request,
-                "prompt_token_ids": token.prompt_ids,
-                "prompt_tokens": len(token.prompt_ids),
-            }
-        )
-        if derendered.status_code >= 400:
-            return derendered
-        answer = chat_answer(derendered.body, reply.body, token)
-        return UpstreamReply(200, with_end_of_turn_logprob(answer, reply.body, token))
-
-    async def open_stream(self, plan: Plan | None, path: str, body: dict[str, Any]) -> RawResponse:
-        if plan is None or plan.token is None:
-            return await self.upstream.open_stream(path, body)
-        response = await self.upstream.open_generate_stream(plan.token.generate_body)
-        if response.status_code >= 400:
-            return response
-        return DerenderedStream(self.upstream, response, plan.token, self.pacing)
+        return stitched.reason if isinstance(stitched, Fresh) else stitched
 
     # -- recording --------------------------------------------------------------------------
 

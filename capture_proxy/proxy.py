@@ -228,9 +228,7 @@ class CaptureService:
         version = await self.weights.enter()  # held here while the weights change
         sending: asyncio.Task[Any] | None = None
         try:
-            plan = await self.continuations.plan(
-                episode_id, endpoint, context_agent, upstream_body, harness_logprobs=wants.logprobs
-            )
+            plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
             # The engine starts on the call while its admission commits, so the commit (an
             # fsync with the default store settings) is not on the call's path. A refused
             # admission aborts the engine's request; nothing but the refusal is answered.
@@ -283,8 +281,8 @@ class CaptureService:
 
         Its own coroutine, so that a task of it cancelled before it ran (an admission refused
         at once) leaves no request to the engine begun, nor a coroutine never awaited."""
-        send = self.continuations.open_stream if stream else self.continuations.post_json
-        return await timer.upstream(send(plan, PATHS[endpoint], upstream_body))
+        send = self.upstream.open_stream if stream else self.upstream.post_json
+        return await timer.upstream(send(PATHS[endpoint], plan.upstream_body(upstream_body)))
 
     async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):

@@ -295,33 +295,17 @@ class Settings(BaseSettings):
     weights: WeightSettings = Field(default_factory=WeightSettings)
     continuation: ContinuationMode = Field(
         "stitch",
-        description="`stitch` (default): continue an agent on its own sampled tokens (token-in"
-        " generation, needs vLLM --enable-scale-out; without it each call falls back to a fresh"
-        " render, reason `token_path_unavailable`; a request with stop strings is forwarded as"
-        " sent, reason `stop_strings`); `passthrough`: forward chat requests as sent"
-        " (engines without token-in generation).",
+        description="`stitch` (default): continue an agent on its own sampled tokens (the"
+        " stitched prompt from vLLM's render route, which needs --enable-scale-out; without it"
+        " each call falls back to a fresh render, reason `token_path_unavailable`; the stitched"
+        " ids go to the chat route in `kv_transfer_params.prompt_token_ids`); `passthrough`:"
+        " forward chat requests as sent (engines without a render route).",
     )
     continuation_cache_agents: int = Field(
         4096,
         ge=1,
         description="How many (episode, agent) call indexes stitching keeps in memory (least "
         "recently used out; an evicted one is read back from the store when needed).",
-    )
-    continuation_stream_growth: float = Field(
-        0.5,
-        ge=0,
-        description="A stitched stream is derendered in batches: a choice's held tokens go to"
-        " vLLM's derender once they number this fraction of those it has derendered (the first"
-        " token at once). With a tool or reasoning parser configured, each streamed derender"
-        " replays the whole answer so far, so one per token costs O(n²) (256 tokens: 980 ms of"
-        " the engine's CPU against 6 ms for one whole derender); growing batches keep it O(n)."
-        " 0: one derender per chunk.",
-    )
-    continuation_stream_max_wait_s: float = Field(
-        1.0,
-        gt=0,
-        description="Tokens of a stitched stream held this long go to derender with the next"
-        " chunk, however few (continuation_stream_growth).",
     )
     end_of_turn_token: str = Field(
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."

@@ -1,8 +1,6 @@
 """The engine seam: :class:`Upstream` (JSON and SSE over a small :class:`Transport`)."""
 
 from capture_proxy.upstream.client import (
-    DERENDER_CHAT,
-    GENERATE,
     RENDER_CHAT,
     TOKENIZE,
     SseBatches,
@@ -14,8 +12,6 @@ from capture_proxy.upstream.client import (
 from capture_proxy.upstream.transport import RawResponse
 
 __all__ = [
-    "DERENDER_CHAT",
-    "GENERATE",
     "RENDER_CHAT",
     "TOKENIZE",
     "RawResponse",

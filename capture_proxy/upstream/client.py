@@ -28,10 +28,8 @@ from capture_proxy.upstream.transport import (
     Transport,
 )
 
-#: vLLM's token-in-token-out routes (answer 403 unless vLLM runs with --enable-scale-out).
+#: vLLM's chat render (403 unless vLLM runs with --enable-scale-out) and tokenizer routes.
 RENDER_CHAT = "/v1/chat/completions/render"
-GENERATE = "/inference/v1/generate"
-DERENDER_CHAT = "/v1/chat/completions/derender"
 TOKENIZE = "/tokenize"
 
 
@@ -152,21 +150,11 @@ class Upstream:
         with translated(f"POST {path}"):
             return await self._transport.send("POST", path, _dumps(body))
 
-    # -- the token-in path (exact-token continuation) -----------------------------------------
+    # -- exact-token continuation ------------------------------------------------------------
 
     async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
         """A chat request → vLLM's GenerateRequest (``token_ids``, ``sampling_params``, …)."""
         return await self.post_json(RENDER_CHAT, body)
-
-    async def generate(self, body: dict[str, Any]) -> UpstreamReply:
-        return await self.post_json(GENERATE, body)
-
-    async def open_generate_stream(self, body: dict[str, Any]) -> RawResponse:
-        return await self.open_stream(GENERATE, body)
-
-    async def derender_chat(self, body: dict[str, Any]) -> UpstreamReply:
-        """A generate answer (or one streamed chunk) → a chat completion (or chunk)."""
-        return await self.post_json(DERENDER_CHAT, body)
 
 
 class SseBatches:

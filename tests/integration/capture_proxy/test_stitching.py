@@ -172,8 +172,8 @@ def test_stitched_answers_carry_no_end_of_turn_text(stitched: Run, passthrough: 
 
 
 def test_stitched_calls_keep_the_requested_max_tokens(stitched: Run) -> None:
-    """vLLM's render answers no ``max_tokens``: the proxy carries the harness's over to the
-    token-in generation (without it the free-text answers ran on for hundreds of tokens)."""
+    """A stitched call keeps the harness's ``max_tokens`` (the chat route reads it from the
+    request; the stitched ids only replace the rendering)."""
     trace, bundle, _ = stitched
     lengths = {c["call_id"]: len(c["completion_token_ids"]) for c in bundle["calls"]}
     stitched_ids = {
@@ -242,106 +242,88 @@ async def continued(
         await upstream.aclose()
 
 
-async def test_a_stitched_call_asks_the_engine_for_no_text_and_stop_strings_are_not_stitched(
+async def _chat(continuations: Continuations, body: dict[str, Any]) -> dict[str, Any]:
+    reply = await continuations.upstream.post_json("/v1/chat/completions", body)
+    assert reply.status_code == 200, reply.body
+    return dict(reply.body)
+
+
+async def test_a_stitched_call_is_the_chat_route_on_the_stitched_ids_stop_strings_included(
     continued: _Continued,
 ) -> None:
-    """Derender decodes the generated ids itself, so the token-in generation asks the engine for
-    no text of its own (``detokenize: false``; its incremental detokenizer costs ~6 % of the tiny
-    model's throughput). A continuation with stop strings is not stitched: the token-in route
-    answers whole tokens, so the text past a stop string ending inside a token — which vLLM's
-    chat answer cuts off — would reach the harness."""
-    continuations, episode, body = continued.continuations, continued.episode, continued.body
+    """A stitched call is one chat request with the stitched ids forwarded
+    (``kv_transfer_params.prompt_token_ids``): the engine generates on exactly those ids (its
+    answer's ``prompt_token_ids``) and answers as its chat route does — spelled log-probabilities,
+    and stop strings cut inside a token, which the token-in route could not do."""
+    continuations, episode = continued.continuations, continued.episode
+    body = continued.body | {"logprobs": True, "return_token_ids": True}
     plan = await continuations.plan(episode, "chat", "a", body)
-    assert plan.token is not None, plan.record
-    assert plan.token.generate_body["sampling_params"]["detokenize"] is False
-    answer = await continuations.post_json(plan, "/v1/chat/completions", body)
-    assert answer.status_code == 200, answer.body
-    [out] = answer.body["choices"]
+    assert plan.record is not None and plan.record.stitched, plan.record
+    assert plan.body is not None and plan.upstream_body(body) is plan.body
+    ids = plan.body["kv_transfer_params"]["prompt_token_ids"]
+    assert plan.record.base_len is not None and len(ids) > plan.record.base_len
+    answer = await _chat(continuations, plan.body)
+    assert answer["prompt_token_ids"] == ids
+    [out] = answer["choices"]
     assert len(out["token_ids"]) == len(out["logprobs"]["content"]) == 24
+    assert not any(e["token"].startswith("token_id:") for e in out["logprobs"]["content"])
+    text = out["message"]["content"]
+    assert "e" in text, text  # (seeded: the stop string below occurs in the free answer)
 
     stop = body | {"stop": ["e"]}
     plan = await continuations.plan(episode, "chat", "a", stop)
-    assert plan.token is None and plan.record is not None
-    assert (
-        plan.record.reason == "stop_strings" and plan.record.base_call_id == continued.base_call_id
-    )
-    answer = await continuations.post_json(plan, "/v1/chat/completions", stop)
-    assert answer.status_code == 200, answer.body
-    [out] = answer.body["choices"]
-    assert out["finish_reason"] == "stop" and "e" not in out["message"]["content"]
+    assert plan.record is not None and plan.record.stitched and plan.body is not None
+    answer = await _chat(continuations, plan.body)
+    assert answer["prompt_token_ids"] == ids
+    [cut] = answer["choices"]
+    assert cut["finish_reason"] == "stop" and cut["message"]["content"] == text[: text.index("e")]
 
 
-async def test_derender_spells_logprob_tokens_only_for_a_harness_that_asked(
+async def test_requests_the_engine_renders_itself_are_not_stitched(
     continued: _Continued,
 ) -> None:
-    """Derender decodes the token of every log-probability it is sent (about 45 % of its CPU at
-    32 tokens); the capture needs only the numbers. A harness that did not ask for them is
-    scrubbed of them anyway, so derender is sent none and the capture reads the engine's own;
-    a harness that asked gets derender's spelling, as before. Both answers carry the same
-    message, ids and numbers (one seed)."""
+    """vLLM ignores forwarded prompt ids for ``echo`` and for messages with non-text parts (it
+    renders those): such a continuation is sent as prepared, and its record says why."""
     continuations, episode, body = continued.continuations, continued.episode, continued.body
-    answers = {}
-    for asked in (False, True):
-        plan = await continuations.plan(episode, "chat", "a", body, harness_logprobs=asked)
-        assert plan.token is not None and plan.token.spelled_logprobs is asked, plan.record
-        reply = await continuations.post_json(plan, "/v1/chat/completions", body)
-        assert reply.status_code == 200, reply.body
-        [answers[asked]] = reply.body["choices"]
-    bare, spelled = answers[False], answers[True]
-    assert bare["message"]["content"] == spelled["message"]["content"]
-    assert bare["finish_reason"] == spelled["finish_reason"]
-    assert bare["token_ids"] == spelled["token_ids"] and len(bare["token_ids"]) == 24
-    numbers = [[e["logprob"] for e in a["logprobs"]["content"]] for a in (bare, spelled)]
-    assert numbers[0] == numbers[1] and len(numbers[0]) == 24
-    assert all(e["token"].startswith("token_id:") for e in bare["logprobs"]["content"])
-    assert not any(e["token"].startswith("token_id:") for e in spelled["logprobs"]["content"])
+    question = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    media = body | {"messages": [*body["messages"][:-1], {"role": "user", "content": [question]}]}
+    for request, reason in ((body | {"echo": True}, "echo"), (media, "media_content")):
+        plan = await continuations.plan(episode, "chat", "a", request)
+        assert plan.body is None and plan.upstream_body(request) is request
+        assert plan.record is not None and plan.record.reason == reason
+        assert plan.record.base_call_id == continued.base_call_id
 
 
-async def test_a_stitched_stream_is_derendered_in_growing_batches_and_equals_the_whole_answer(
-    continued: _Continued, monkeypatch: pytest.MonkeyPatch
+async def test_a_stitched_stream_is_the_chat_routes_stream_and_equals_the_whole_answer(
+    continued: _Continued,
 ) -> None:
-    """With a parser configured (hermes here), each streamed derender replays the answer so far,
-    so the stream goes to derender in batches that grow with the answer: 64 tokens take about a
-    dozen derenders, not 64. The harness receives the same text, ids and numbers as the whole
-    stitched answer of the same seed, and the usage that ends the stream."""
+    """Streamed, a stitched call is the engine's own chat stream (one request; no derender per
+    batch): the same text, ids and numbers as the whole stitched answer of the same seed, the
+    stitched ids as its prompt, and the usage that ends it."""
     continuations, episode = continued.continuations, continued.episode
     body = continued.body | {"max_tokens": 64, "min_tokens": 64}
+    body |= {"logprobs": True, "return_token_ids": True}
     plan = await continuations.plan(episode, "chat", "a", body)
-    assert plan.token is not None, plan.record
-    whole = await continuations.post_json(plan, "/v1/chat/completions", body)
-    assert whole.status_code == 200, whole.body
-    [expected] = whole.body["choices"]
+    assert plan.body is not None, plan.record
+    [expected] = (await _chat(continuations, plan.body))["choices"]
 
     streamed = body | {"stream": True, "stream_options": {"include_usage": True}}
     plan = await continuations.plan(episode, "chat", "a", streamed)
-    assert plan.token is not None, plan.record
-    upstream = continuations.upstream
-    derender = upstream.derender_chat
-    sent: list[dict[str, Any]] = []
-
-    async def counted(request: dict[str, Any]) -> Any:
-        sent.append(request)
-        return await derender(request)
-
-    monkeypatch.setattr(upstream, "derender_chat", counted)
-    response = await continuations.open_stream(plan, "/v1/chat/completions", streamed)
+    assert plan.body is not None, plan.record
+    response = await continuations.upstream.open_stream("/v1/chat/completions", plan.body)
+    assert response.status_code == 200
     raw = await response.aread()
     await response.aclose()
     events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
+    prompts = [c["prompt_token_ids"] for c in chunks if c.get("prompt_token_ids")]
+    assert prompts == [plan.body["kv_transfer_params"]["prompt_token_ids"]]
     choices = [c["choices"][0] for c in chunks if c.get("choices")]
-    assert (
-        "".join(c["delta"].get("content") or "" for c in choices)
-        == (expected["message"]["content"])
-    )
-    assert [t for c in choices for t in c["token_ids"]] == expected["token_ids"]
-    numbers = [e["logprob"] for c in choices for e in c["logprobs"]["content"]]
+    text = "".join(c["delta"].get("content") or "" for c in choices)
+    assert text == expected["message"]["content"]
+    assert [t for c in choices for t in c.get("token_ids") or []] == expected["token_ids"]
+    numbers = [e["logprob"] for c in choices for e in (c.get("logprobs") or {}).get("content", [])]
     assert numbers == [e["logprob"] for e in expected["logprobs"]["content"]]
     assert len(expected["token_ids"]) == 64
-    assert 5 <= len(sent) <= 14, [len(r["generate_chunk"]["choices"]) for r in sent]
-    # the usage that ends the stream is wrapped like the other chunks, without a derender
-    assert all(r["generate_chunk"]["choices"] for r in sent)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 64
-    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
-    assert {c["model"] for c in chunks} == {chunks[0]["model"]}

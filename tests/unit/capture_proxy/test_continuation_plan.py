@@ -1,0 +1,56 @@
+"""Which continuations go to the engine as stitched ids, and the body a plan sends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from capture_proxy.continuation import Plan, rendered_by_engine
+
+
+def _body(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages), **fields}
+
+
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "plain text",
+        [{"type": "text", "text": "a"}, {"text": "b"}],
+        [{"type": "input_text", "text": "a"}, {"type": "thinking", "thinking": "t"}],
+        None,
+    ],
+)
+def test_text_messages_can_be_stitched(content: Any) -> None:
+    assert rendered_by_engine(_body(USER, {"role": "assistant", "content": content})) is None
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        {"type": "text", "text": "a", "image_url": {"url": "x"}},  # media whatever the type
+        {"type": "something_new"},
+        "not a part",
+    ],
+)
+def test_non_text_content_is_rendered_by_the_engine(part: Any) -> None:
+    body = _body(USER, {"role": "user", "content": [{"type": "text", "text": "a"}, part]})
+    assert rendered_by_engine(body) == "media_content"
+
+
+def test_echo_is_rendered_by_the_engine() -> None:
+    assert rendered_by_engine(_body(USER, echo=True)) == "echo"
+    assert rendered_by_engine(_body(USER, echo=False)) is None
+
+
+def test_a_plan_sends_its_stitched_body_or_the_prepared_one() -> None:
+    prepared = _body(USER)
+    assert Plan(None).upstream_body(prepared) is prepared
+    stitched = prepared | {"kv_transfer_params": {"prompt_token_ids": [1, 2]}}
+    assert Plan(None, body=stitched).upstream_body(prepared) is stitched
