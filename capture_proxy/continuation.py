@@ -16,6 +16,7 @@ report, :mod:`capture_contracts.drift`, is computed from it).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,8 @@ from capture_proxy.stitch import (
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import TOKENIZE, Upstream
+
+log = logging.getLogger(__name__)
 
 #: Choices worth a second look after reading the agent's calls completed elsewhere since.
 _LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
@@ -126,6 +129,7 @@ class Continuations:
         self._eot_id: int | None = None
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
+        self._warned_ids_ignored = False
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -301,6 +305,8 @@ class Continuations:
         """Attach to each choice the hash of its request plus the assistant message returned."""
         if plan is None or plan.prefix_hash is None:
             return generations
+        if plan.body is not None:
+            self._check_reused(plan.body, generations)
         prefix = plan.prefix_hash
         if isinstance(answer, dict):
             choices = sorted(answer.get("choices") or [], key=lambda c: c.get("index", 0))
@@ -311,3 +317,17 @@ class Continuations:
             replace(gen, reply_hash=chain_next(prefix, message))
             for gen, message in zip(generations, messages, strict=False)
         ]
+
+    def _check_reused(self, sent: dict[str, Any], generations: list[Generation]) -> None:
+        """Warn (once) when the engine generated on another prompt than the stitched ids it was
+        sent. The capture keeps the prompt the engine used, so the data stays exact; only the
+        call's continuation record, committed at admission, says stitched."""
+        ids = sent["kv_transfer_params"]["prompt_token_ids"]
+        if self._warned_ids_ignored or all(gen.prompt_token_ids == ids for gen in generations):
+            return
+        self._warned_ids_ignored = True
+        log.warning(
+            "the engine did not generate on the stitched prompt ids it was sent (a vLLM without"
+            " decode-side token reuse in kv_transfer_params?): stitched calls are recorded with"
+            " the prompt the engine rendered itself"
+        )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
-from capture_proxy.continuation import Plan, rendered_by_engine
+from capture_proxy.continuation import Continuations, Plan, rendered_by_engine
+from capture_proxy.settings import Settings
+from capture_proxy.store.records import Generation
 
 
 def _body(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -54,3 +57,18 @@ def test_a_plan_sends_its_stitched_body_or_the_prepared_one() -> None:
     assert Plan(None).upstream_body(prepared) is prepared
     stitched = prepared | {"kv_transfer_params": {"prompt_token_ids": [1, 2]}}
     assert Plan(None, body=stitched).upstream_body(prepared) is stitched
+
+
+def test_an_engine_that_ignored_the_stitched_ids_is_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
+    plan = Plan(None, prefix_hash="h", body={"kv_transfer_params": {"prompt_token_ids": [1, 2]}})
+    same = Generation([1, 2], [3], [-0.1], "stop")
+    with caplog.at_level(logging.WARNING, logger="capture_proxy.continuation"):
+        [hashed] = continuations.replies(plan, [same], {"choices": [{"message": {}}]})
+        assert hashed.reply_hash and not caplog.records
+        other = Generation([1, 9, 2], [3], [-0.1], "stop")
+        for _ in range(2):
+            continuations.replies(plan, [other], {"choices": [{"message": {}}]})
+    assert len(caplog.records) == 1 and "stitched prompt ids" in caplog.text
