@@ -19,7 +19,11 @@ the machine drifts by 10–20 % over minutes), 32 sampled tokens per call (``min
   (rendered once beforehand) and ``logprobs: 0`` — no chat template, no detokenized log-prob
   entries: whether a leaner form of the same data is cheaper for the engine;
 - ``generate+logprobs-text``: the same with ``detokenize: false`` — the engine makes no text at
-  all (what the proxy's stitched calls send: derender decodes the ids);
+  all (what the proxy's stitched calls sent before the twenty-first session: derender decoded
+  the ids);
+- ``chat+fields, ids forwarded``: ``chat+fields`` with the rendered ids in
+  ``kv_transfer_params.prompt_token_ids`` (vLLM's decode-side token reuse: no template, no
+  tokenizer) — the generation of a stitched call now;
 - ``generate-text``: that without ``logprobs``: the leanest form, to price the log-probabilities
   where no text is made.
 
@@ -79,11 +83,13 @@ def _forms(base_url: str) -> dict[str, tuple[str, bytes]]:
     logprobs = {**chat, "logprobs": True}
     token_ids = {**chat, "return_token_ids": True}
     fields = {**logprobs, **token_ids}
+    forwarded = {**fields, "kv_transfer_params": {"prompt_token_ids": render["token_ids"]}}
     return {
         "chat": ("/v1/chat/completions", json.dumps(chat).encode()),
         "chat+fields": ("/v1/chat/completions", json.dumps(fields).encode()),
         "chat+logprobs": ("/v1/chat/completions", json.dumps(logprobs).encode()),
         "chat+token_ids": ("/v1/chat/completions", json.dumps(token_ids).encode()),
+        "chat+fields, ids forwarded": ("/v1/chat/completions", json.dumps(forwarded).encode()),
         "generate+logprobs": ("/inference/v1/generate", json.dumps(generate).encode()),
         "generate+logprobs-text": ("/inference/v1/generate", json.dumps(no_text).encode()),
         "generate-text": ("/inference/v1/generate", json.dumps(bare).encode()),

@@ -144,7 +144,7 @@ def run_demo(out: Path, episodes: int, console: Console) -> int:
         model_dir,
         served_model_name="tiny",
         log_path=out / "vllm.log",
-        extra_args=["--enable-scale-out"],  # token-in routes: continuation=stitch (the default)
+        extra_args=["--enable-scale-out"],  # the render route: continuation=stitch (the default)
     ) as engine:
         console.print(f"  vLLM ready at {engine.base_url} in {engine.startup_s:.0f} s")
         settings = Settings(
