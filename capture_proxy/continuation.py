@@ -16,6 +16,7 @@ report, :mod:`capture_contracts.drift`, is computed from it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -280,20 +281,25 @@ class Continuations:
         return self._eot_id
 
     async def _stitch(self, body: dict[str, Any], choice: Extends) -> Stitched | FallbackReason:
+        """The two renders and the base call's tokens are asked for at once: under load the
+        engine's API server queues each request behind the streams it serves, so one wait
+        instead of three sequential ones keeps the call's latency (and, at a fixed number of
+        agents, the engine's batch) closer to a direct call's."""
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
-        full = await self._render(body)
-        head = await self._render(
-            whole
-            | {
-                "messages": body["messages"][: choice.base.messages + 1],
-                "add_generation_prompt": False,
-                "continue_final_message": False,
-            }
-        )
+        head_body = whole | {
+            "messages": body["messages"][: choice.base.messages + 1],
+            "add_generation_prompt": False,
+            "continue_final_message": False,
+        }
+        full, head, tokens, eot = await asyncio.gather(
+            self._render(body),
+            self._render(head_body),
+            self.store.call_tokens(choice.base.call_id),  # one key read
+            self._end_of_turn_id(body.get("model")),
+        )  # (a failure raises at once; gather retrieves the others' outcomes itself)
         if full is None or head is None:
             return "render_failed"
-        prompt, completion = await self.store.call_tokens(choice.base.call_id)  # one key read
-        eot = await self._end_of_turn_id(body.get("model"))
+        prompt, completion = tokens
         stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full["token_ids"])
         return stitched.reason if isinstance(stitched, Fresh) else stitched
 
