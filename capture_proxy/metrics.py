@@ -19,7 +19,10 @@ Names:
   engine), ``capture_proxy_overhead_seconds{endpoint}`` (the call's time in the proxy minus that
   upstream time: attribution, prompt construction (with its render round trip when stitching),
   admission, capture, commit, relaying; for a stream, also time the client takes to read) and
-  ``capture_commit_latency_seconds`` (the completion's transaction).
+  ``capture_commit_latency_seconds`` (the completion's transaction) and
+  ``capture_continuation_plan_seconds{kind}`` (a chat call's prompt construction, part of the
+  overhead: choosing the recorded call it continues and, for a stitched call, the engine's two
+  renders — under load those wait behind the engine's other requests, tens of milliseconds).
 
 The capture path measures through three small calls: :meth:`Metrics.timer` when a request
 arrives, :meth:`CallTimer.upstream` around the engine's answer (for a stream, around each wait
@@ -77,11 +80,16 @@ _HELP = {
         "histogram",
         "Duration of the transaction that commits a completion.",
     ),
+    "capture_continuation_plan_seconds": (
+        "histogram",
+        "A chat call's prompt construction (stitched: with the engine's renders), by kind.",
+    ),
 }
 _BUCKETS = {
     "capture_upstream_latency_seconds": UPSTREAM_BUCKETS,
     "capture_proxy_overhead_seconds": FAST_BUCKETS,
     "capture_commit_latency_seconds": FAST_BUCKETS,
+    "capture_continuation_plan_seconds": FAST_BUCKETS,
 }
 
 
@@ -174,6 +182,13 @@ class Metrics:
             else:
                 reason = continuation.reason or "unknown"
                 self.inc("capture_continuation_total", n, kind="fresh", reason=reason)
+
+    def planned(self, continuation: ContinuationRecord | None, seconds: float) -> None:
+        """A chat call's prompt was planned in ``seconds`` (stitched, or fresh)."""
+        if continuation is None or continuation.reason == "not_chat":
+            return
+        kind = "stitched" if continuation.stitched else "fresh"
+        self.observe_seconds("capture_continuation_plan_seconds", seconds, kind=kind)
 
     def finished(
         self, status: str, n: int, role: str = "", tokens: tuple[int, int] = (0, 0)

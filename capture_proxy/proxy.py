@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,7 +229,9 @@ class CaptureService:
         version = await self.weights.enter()  # held here while the weights change
         sending: asyncio.Task[Any] | None = None
         try:
+            planning = time.perf_counter()
             plan = await self.continuations.plan(episode_id, endpoint, context_agent, upstream_body)
+            self.metrics.planned(plan.record, time.perf_counter() - planning)
             # The engine starts on the call while its admission commits, so the commit (an
             # fsync with the default store settings) is not on the call's path. A refused
             # admission aborts the engine's request; nothing but the refusal is answered.

@@ -55,6 +55,7 @@ def _run(vllm: VLLMServer, store: Path, mode: str) -> Iterator[Run]:
         assert closed.status_code == 200, closed.text
         async with httpx.AsyncClient(base_url=server.url) as client:
             info = (await client.get(f"/episodes/{episode_id}")).json()
+            info["metrics"] = (await client.get("/metrics")).text  # (the process's, beside it)
         return trace, await fetch_bundle(server.url, episode_id), info
 
     try:
@@ -89,6 +90,12 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     assert report["stitched"] == 6
     assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3}
     assert report["token_prefix_continuations"] == 6
+    # Every chat call's planning is timed by kind; the stitched ones include the renders.
+    lines = info["metrics"].splitlines()
+    samples = dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+    assert float(samples['capture_continuation_plan_seconds_count{kind="stitched"}']) == 6
+    assert float(samples['capture_continuation_plan_seconds_count{kind="fresh"}']) == 4
+    assert float(samples['capture_continuation_plan_seconds_sum{kind="stitched"}']) > 0
     by_step = {c.step: c for c in trace.calls}
     calls = {c["call_id"]: c for c in bundle["calls"]}
     for step in (

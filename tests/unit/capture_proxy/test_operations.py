@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from capture_contracts.bundle import ContinuationRecord
 from capture_proxy.app import create_app
 from capture_proxy.metrics import FAST_BUCKETS, Histogram, Metrics
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
@@ -114,6 +115,9 @@ async def test_metrics_histograms_roles_tokens_and_episodes(client: httpx.AsyncC
     assert samples['capture_upstream_latency_seconds_bucket{endpoint="chat",le="+Inf"}'] == 4
     assert samples["capture_commit_latency_seconds_count"] == 3
     assert samples["capture_commit_latency_seconds_sum"] > 0
+    # Every chat request's prompt was planned (none continues a call: all fresh).
+    assert samples['capture_continuation_plan_seconds_count{kind="fresh"}'] == 4
+    assert 'capture_continuation_plan_seconds_count{kind="stitched"}' not in samples
     assert "# TYPE capture_proxy_overhead_seconds histogram" in response.text
 
 
@@ -128,6 +132,20 @@ def test_histogram_buckets_are_cumulative() -> None:
         'h_sum{k="v"} 3.65',
         'h_count{k="v"} 4',
     ]
+
+
+def test_plan_times_are_kept_for_chat_calls_by_kind() -> None:
+    metrics = Metrics()
+    metrics.planned(ContinuationRecord(stitched=True, mode="stitch"), 0.02)
+    metrics.planned(
+        ContinuationRecord(stitched=False, mode="stitch", reason="no_previous_call"), 0.001
+    )
+    metrics.planned(ContinuationRecord(stitched=False, mode="stitch", reason="not_chat"), 0.001)
+    metrics.planned(None, 0.001)
+    samples = _samples(metrics.render())
+    assert samples['capture_continuation_plan_seconds_count{kind="stitched"}'] == 1
+    assert samples['capture_continuation_plan_seconds_sum{kind="stitched"}'] == 0.02
+    assert samples['capture_continuation_plan_seconds_count{kind="fresh"}'] == 1
 
 
 def test_an_empty_histogram_and_unknown_names() -> None:
