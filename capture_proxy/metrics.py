@@ -18,15 +18,16 @@ Names:
   the whole answer, or the stream from the request to its last chunk — time spent waiting on the
   engine), ``capture_proxy_overhead_seconds{endpoint}`` (the call's time in the proxy minus that
   upstream time: attribution, prompt construction (with its render round trip when stitching),
-  admission, capture, commit, relaying; for a stream, also time the client takes to read) and
+  admission, capture, commit, relaying; for a stream, also time the client takes to read),
   ``capture_commit_latency_seconds`` (the completion's transaction) and
   ``capture_continuation_plan_seconds{kind}`` (a chat call's prompt construction, part of the
   overhead: choosing the recorded call it continues and, for a stitched call, the engine's two
   renders — under load those wait behind the engine's other requests, tens of milliseconds).
 
-The capture path measures through three small calls: :meth:`Metrics.timer` when a request
+The capture path measures through four small calls: :meth:`Metrics.timer` when a request
 arrives, :meth:`CallTimer.upstream` around the engine's answer (for a stream, around each wait
-for its next piece), and :meth:`Metrics.observe` when the call is over;
+for its next piece), :meth:`Metrics.planned` once its prompt is planned, and
+:meth:`Metrics.observe` when the call is over;
 :meth:`Metrics.commit_timer` wraps the completion's transaction.
 """
 
