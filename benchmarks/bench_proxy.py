@@ -503,17 +503,14 @@ _CLOCKS = {
 
 def _proxy_clock(proxy_url: str) -> dict[str, float]:
     """Sums and counts of the proxy's time histograms (all label sets), from ``/metrics``."""
-    text = httpx.get(f"{proxy_url}/metrics", timeout=30).text
-    clock = dict.fromkeys([f"{k}_{part}" for k in _CLOCKS for part in ("sum", "count")], 0.0)
-    for line in text.splitlines():
-        if line[:1] in ("", "#"):
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = name.split("{", 1)[0]
-        for key, metric in _CLOCKS.items():
-            for part in ("sum", "count"):
-                if name == f"{metric}_{part}":
-                    clock[f"{key}_{part}"] += float(value)
+    names = {f"{m}_{part}": f"{k}_{part}" for k, m in _CLOCKS.items() for part in ("sum", "count")}
+    clock = dict.fromkeys(names.values(), 0.0)
+    for line in httpx.get(f"{proxy_url}/metrics", timeout=30).text.splitlines():
+        if line[:1] not in ("", "#"):
+            name, value = line.rsplit(" ", 1)
+            key = names.get(name.split("{", 1)[0])
+            if key is not None:
+                clock[key] += float(value)
     return clock
 
 

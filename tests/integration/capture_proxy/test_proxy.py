@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.fixtures import fake_engine
-from tests.fixtures.proxy import ProxyFactory, ProxyServer, hang_up_once_admitted
+from tests.fixtures.proxy import ProxyFactory, ProxyServer, hang_up_once_admitted, metric_samples
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -440,11 +440,7 @@ async def test_metrics_count_admissions_terminal_states_and_prompt_construction(
         response = await client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in response.text.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = metric_samples(response.text)
     assert samples['capture_calls_admitted_total{endpoint="chat"}'] == 2
     assert samples['capture_calls_admitted_total{endpoint="completions"}'] == 2
     assert samples['capture_calls_finished_total{status="completed"}'] == 3

@@ -33,7 +33,7 @@ from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream
 from reconstruct import reconstruct_episode
 from tests.fixtures.db import sqlite_url
-from tests.fixtures.proxy import ProxyServer
+from tests.fixtures.proxy import ProxyServer, metric_samples
 
 pytestmark = pytest.mark.vllm
 
@@ -91,11 +91,10 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3}
     assert report["token_prefix_continuations"] == 6
     # Every chat call's planning is timed by kind; the stitched ones include the renders.
-    lines = info["metrics"].splitlines()
-    samples = dict(line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
-    assert float(samples['capture_continuation_plan_seconds_count{kind="stitched"}']) == 6
-    assert float(samples['capture_continuation_plan_seconds_count{kind="fresh"}']) == 4
-    assert float(samples['capture_continuation_plan_seconds_sum{kind="stitched"}']) > 0
+    samples = metric_samples(info["metrics"])
+    assert samples['capture_continuation_plan_seconds_count{kind="stitched"}'] == 6
+    assert samples['capture_continuation_plan_seconds_count{kind="fresh"}'] == 4
+    assert samples['capture_continuation_plan_seconds_sum{kind="stitched"}'] > 0
     by_step = {c.step: c for c in trace.calls}
     calls = {c["call_id"]: c for c in bundle["calls"]}
     for step in (

@@ -14,6 +14,7 @@ from capture_proxy.metrics import FAST_BUCKETS, Histogram, Metrics
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
 from tests.fixtures import fake_engine
 from tests.fixtures.db import sqlite_url
+from tests.fixtures.proxy import metric_samples
 
 
 def _unreachable(request: httpx.Request) -> httpx.Response:
@@ -38,14 +39,6 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     app = http.app  # type: ignore[attr-defined]
     async with app.router.lifespan_context(app), http:
         yield http
-
-
-def _samples(text: str) -> dict[str, float]:
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
 
 
 async def test_liveness_and_readiness(client: httpx.AsyncClient) -> None:
@@ -97,7 +90,7 @@ async def test_metrics_histograms_roles_tokens_and_episodes(client: httpx.AsyncC
     await client.post(f"/episodes/{episode}/close", json={"reward": 1.0})
     calls = (await client.get(f"/episodes/{episode}/calls")).json()
     response = await client.get("/metrics")
-    samples = _samples(response.text)
+    samples = metric_samples(response.text)
 
     assert samples['capture_calls_total{role="policy",state="admitted"}'] == 3
     assert samples['capture_calls_total{role="policy",state="completed"}'] == 2
@@ -142,7 +135,7 @@ def test_plan_times_are_kept_for_chat_calls_by_kind() -> None:
     )
     metrics.planned(ContinuationRecord(stitched=False, mode="stitch", reason="not_chat"), 0.001)
     metrics.planned(None, 0.001)
-    samples = _samples(metrics.render())
+    samples = metric_samples(metrics.render())
     assert samples['capture_continuation_plan_seconds_count{kind="stitched"}'] == 1
     assert samples['capture_continuation_plan_seconds_sum{kind="stitched"}'] == 0.02
     assert samples['capture_continuation_plan_seconds_count{kind="fresh"}'] == 1
