@@ -43,7 +43,8 @@ from capture_proxy.store.records import (
     EpisodeInfo,
     Generation,
 )
-from capture_proxy.store.writer import SqliteSynchronous, Writer
+from capture_proxy.store.sqlite_writer import SqliteSynchronous
+from capture_proxy.store.writer import Writer
 
 
 def new_id(prefix: str) -> str:

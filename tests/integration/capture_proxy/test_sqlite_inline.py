@@ -1,5 +1,5 @@
 """SQLite: what the capture path does at once on the event loop's thread, and what it leaves to
-the writer thread (store/writer.py, ``_SqliteInline``), on a real store file."""
+the writer thread (store/sqlite_writer.py, ``SqliteInline``), on a real store file."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from capture_proxy.errors import Conflict
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
-from capture_proxy.store.writer import INLINE_READ_ROWS, INLINE_WRITES_PER_CHECKPOINT
+from capture_proxy.store.sqlite_writer import INLINE_READ_ROWS, INLINE_WRITES_PER_CHECKPOINT
 from tests.fixtures.db import sqlite_url
 
 GEN = Generation([1, 2, 3], [4], [-0.5], "stop", reply_hash="r")
