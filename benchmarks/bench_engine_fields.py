@@ -30,8 +30,8 @@ the machine drifts by 10–20 % over minutes), 32 sampled tokens per call (``min
 Per form: requests/s over all its slices and the ratio to ``chat``; the median and range of the
 per-slice ratios; the CPU each of the engine's processes spent per call (its API server and its
 engine core, read from ``/proc``), which tells where a form's cost lands. ``--engine-core K``
-runs the engine alone on core K (as ``bench_proxy.py``); ``--model small`` a ~28M-parameter
-model of the same kind instead of the tiny one.
+runs the engine alone on core K (as ``bench_proxy.py`` does: ``vllm_runs.py``); ``--model small``
+a ~28M-parameter model of the same kind instead of the tiny one.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import engine_on_core, measure, pin_engine, process_group, vllm_server
 from loadkit import process_cpu_s
+from measuring import measure
+from vllm_runs import engine_on_core, pin_engine, process_group, vllm_server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -45,19 +45,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import (
-    CHAT,
-    STREAM,
-    _continued_bodies,
-    _episodes,
-    _store_url,
-    _vllm_bodies,
-    free_port,
-    measure,
-    process,
-    vllm_server,
-)
 from loadkit import agent_chat
+from measuring import CHAT, STREAM, free_port, measure, new_episodes, process, store_url
+from vllm_runs import continued_bodies, vllm_bodies, vllm_server
 
 AGENT = [("x-agent-id", "agent")]
 _QUESTION = "What is two plus two?"
@@ -91,7 +81,7 @@ def _serve(root: Path, upstream: str, tmp: Path) -> tuple[list[str], int]:
     argv = [
         *("/usr/bin/env", "-C", str(root), sys.executable, "-m", "capture_proxy.cli", "serve"),
         *("--log-level", "warning", "--port", str(port)),
-        *("--upstream", upstream, "--db", _store_url("sqlite", tmp)),
+        *("--upstream", upstream, "--db", store_url("sqlite", tmp)),
     ]
     return argv, port
 
@@ -114,12 +104,12 @@ def _loads(
 ) -> dict[bool, bytes]:
     """The bodies loaded, whole (False) and streamed (True)."""
     if args.engine == "vllm":
-        bodies = _vllm_bodies(args.tokens)
+        bodies = vllm_bodies(args.tokens)
         if not args.continued:
             return {False: bodies["chat"], True: bodies["stream"]}
         # each proxy records the (seeded) first turns its load continues: one reply everywhere
         [continued, *others] = [
-            _continued_bodies(port, pid, paths, AGENT, bodies["chat"])
+            continued_bodies(port, pid, paths, AGENT, bodies["chat"])
             for port, pid, paths in targets.values()
         ]
         if any(other != continued for other in others):
@@ -157,7 +147,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
             argv, port = _serve(root, upstream, Path(tmp) / name)
             own = {**env, **_assignments(getattr(args, f"{name}_env"))}
             pid = stack.enter_context(process(argv, f"http://127.0.0.1:{port}/health", own))
-            episodes = _episodes(f"http://127.0.0.1:{port}", 16)
+            episodes = new_episodes(f"http://127.0.0.1:{port}", 16)
             route = APIS[args.api][0]
             targets[name] = (port, pid, [f"/episodes/{e}/v1/{route}" for e in episodes])
         loads = _loads(args, targets)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from measuring import stop_group
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-agl"
@@ -164,12 +164,7 @@ def peer(upstream_url: str, rollouts: int = 16, venv: Path = VENV) -> Iterator[P
             paths = _register(base, upstream_url, rollouts)
             yield PeerTarget(pid=proc.pid, port=port, paths=paths, model=MODEL)
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc)
 
 
 if __name__ == "__main__":
