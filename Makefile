@@ -23,8 +23,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The slowest tests are listed at the end: a full run is to stay under 30 minutes (.ci/run).
 test: $(STAMP) lint
-	$(VENV)/bin/python -m pytest -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=20
 
 # The in-process tier alone (tests/unit, about a minute): for quick iterations, not for CI.
 test-unit: $(STAMP)
