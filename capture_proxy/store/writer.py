@@ -2,14 +2,15 @@
 
 Every admission, completion and failure of a call (and the few reads the capture path needs) is
 an *operation* queued to the writer (``batches.py``). The writer takes whatever is queued (at
-most ``max_batch``), applies it in ONE transaction — each operation in its own savepoint, so one
-that is refused (episode not open, call no longer admitted) changes nothing and disturbs no
-other — commits, and only then settles each operation's future. A response is released when its
-batch is committed. A lone call waits for no company: its batch is itself, one transaction;
-under load batches grow and the commit's cost per call falls. The operations themselves are in
-``operations.py`` (calls) and ``leases.py`` (instances); a batch holding an admission first
-checks, in its transaction, that this instance's lease still holds (``leases.hold``), so no call
-is admitted under a lease a concurrent sweep is ending.
+most ``max_batch``), applies it in ONE transaction — an operation that is refused (episode not
+open, call no longer admitted) changes nothing and disturbs no other (one that could be refused
+half-way runs in a savepoint: ``batches.apply_batch``) — commits, and only then settles each
+operation's future. A response is released when its batch is committed. A lone call waits for
+no company: its batch is itself, one transaction; under load batches grow and the commit's cost
+per call falls. The operations themselves are in ``operations.py`` (calls) and ``leases.py``
+(instances); a batch holding an admission first checks, in its transaction, that this
+instance's lease still holds (``leases.hold``), so no call is admitted under a lease a
+concurrent sweep is ending.
 
 The executors, one per kind of store:
 
