@@ -46,8 +46,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from loadkit import agent_chat
-from measuring import CHAT, STREAM, free_port, measure, new_episodes, process, store_url
+from measuring import CHAT, STREAM, measure, new_episodes, process, store_url
 from vllm_runs import continued_bodies, vllm_bodies, vllm_server
+
+from capture_devkit.engine import free_port
 
 AGENT = [("x-agent-id", "agent")]
 _QUESTION = "What is two plus two?"

@@ -66,7 +66,6 @@ from measuring import (
     CHAT,
     STREAM,
     Target,
-    free_port,
     interleaved,
     new_episodes,
     process,
@@ -74,6 +73,8 @@ from measuring import (
 )
 from peer_agl import PeerTarget, peer
 from vllm_runs import real_engine
+
+from capture_devkit.engine import free_port
 
 
 async def _sequential(port: int, path: str, n: int, headers: Sequence[tuple[str, str]]) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import tempfile
 import threading
 import time
@@ -29,7 +28,7 @@ import uvicorn
 
 from capture_contracts.bundle import parse_bundle
 from capture_contracts.drift import bundle_drift, drift_report
-from capture_devkit.engine import VLLMServer
+from capture_devkit.engine import VLLMServer, free_port
 from capture_devkit.harness import close_episode, fetch_bundle, open_episode, run_episode
 from capture_devkit.tiny_model import build_tiny_model
 from capture_proxy.app import create_app
@@ -39,13 +38,6 @@ from reconstruct import reconstruct_episode
 #: Contexts of the acceptance episode: parent, worker-a before and after its compaction rewrite,
 #: worker-b. With exact-token continuation each becomes one row.
 CONTEXTS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -82,7 +74,7 @@ async def _episode(proxy_url: str, seed: int, mode: str) -> dict[str, Any]:
 
 def measure(upstream: str, mode: str, seeds: list[int], workdir: Path) -> dict[str, Any]:
     settings = Settings(
-        port=_free_port(),
+        port=free_port(),
         store=StoreSettings(url=f"sqlite+aiosqlite:///{workdir / f'{mode}.db'}"),
         upstream=UpstreamSettings(url=upstream),
         continuation=mode,

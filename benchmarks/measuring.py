@@ -37,15 +37,6 @@ STREAM = json.dumps(
 ).encode()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

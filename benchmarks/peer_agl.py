@@ -41,6 +41,8 @@ from pathlib import Path
 import httpx
 from measuring import stop_group
 
+from capture_devkit.engine import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-agl"
 PACKAGE = "agentlightning"
@@ -100,15 +102,6 @@ def ensure_venv(venv: Path = VENV) -> Path:
     return venv
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -142,7 +135,7 @@ def _register(base: str, upstream_url: str, rollouts: int) -> tuple[str, ...]:
 def peer(upstream_url: str, rollouts: int = 16, venv: Path = VENV) -> Iterator[PeerTarget]:
     """Run ``agl-server`` (own process group, loopback, free port) in front of ``upstream_url``."""
     server = ensure_venv(venv) / "bin" / "agl-server"
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="agl-") as workdir:
         log = Path(workdir) / "agl-server.log"
         with log.open("wb") as out:

@@ -23,13 +23,14 @@ from typing import Any
 import httpx
 from measuring import (
     combine,
-    free_port,
     measure,
     measure_slice,
     new_episodes,
     process,
     store_url,
 )
+
+from capture_devkit.engine import free_port
 
 
 def vllm_bodies(tokens: int) -> dict[str, bytes]:
