@@ -63,9 +63,7 @@ http {{
 
 def nginx_binary() -> str:
     """The ``nginx`` binary; as root, installed from Debian's packages when it is missing."""
-    found = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
-    )
+    found = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")  # (not on PATH)
     if found:
         return found
     if os.geteuid() != 0:
