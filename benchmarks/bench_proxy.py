@@ -76,7 +76,7 @@ from measuring import (
     store_url,
 )
 from peer_agl import PeerTarget, peer
-from relay_nginx import nginx_relay
+from relay_nginx import nginx_relay, relayed
 from vllm_runs import real_engine
 
 from capture_devkit.engine import free_port
@@ -186,10 +186,8 @@ def _others(
         targets["peer"] = Target(target.port, target.paths, CHAT, target.pid)
     if args.relay:
         relay_port, relay_pid = stack.enter_context(nginx_relay(stub_port))
-        url = f"http://127.0.0.1:{relay_port}/v1/chat/completions"
-        answer = httpx.post(url, content=CHAT, headers={"content-type": "application/json"})
-        if answer.status_code != 200 or answer.content != StubEngine.whole:
-            raise RuntimeError(f"relay answered {answer.status_code}: {answer.text[:500]}")
+        if relayed(relay_port, CHAT) != StubEngine.whole:
+            raise RuntimeError("the relay changed the stub's answer")
         targets["relay"] = Target(relay_port, ["/v1/chat/completions"], CHAT, relay_pid)
     return targets
 

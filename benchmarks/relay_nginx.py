@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 from measuring import process
 
 from capture_devkit.engine import free_port
@@ -82,7 +83,21 @@ def nginx_relay(upstream_port: int, prefix: Sequence[str] = ()) -> Iterator[tupl
     with tempfile.TemporaryDirectory(prefix="relay-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(_CONF.format(tmp=tmp, port=port, upstream_port=upstream_port))
-        # (the stub answers GET / with 404: any answer means the relay is up)
+        # (nginx answers GET / whatever the engine says of it: any answer means it is up)
         argv = [*prefix, binary, "-p", tmp, "-e", f"{tmp}/error.log", "-c", str(conf)]
         with process(argv, f"http://127.0.0.1:{port}/") as pid:
             yield port, pid
+
+
+def relayed(port: int, body: bytes) -> bytes:
+    """One chat call through the relay, before it is loaded: its answer's bytes (a RuntimeError
+    unless 200 — a relay answering 502 fast would read as a fast relay)."""
+    answer = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    if answer.status_code != 200:
+        raise RuntimeError(f"relay answered {answer.status_code}: {answer.text[:500]}")
+    return answer.content

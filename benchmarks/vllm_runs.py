@@ -31,7 +31,7 @@ from measuring import (
     process,
     store_url,
 )
-from relay_nginx import nginx_relay
+from relay_nginx import nginx_relay, relayed
 
 from capture_devkit.engine import free_port
 
@@ -310,6 +310,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             }
             if args.relay:
                 relay_port, relay_pid = stack.enter_context(nginx_relay(server.port, pinned))
+                relayed(relay_port, bodies["chat+fields"])
                 ports["relay"] = Target(relay_port, chat, b"", relay_pid)
             for c in [int(c) for c in args.concurrency.split(",")]:
                 level = _engine_level(args, c, targets, bodies, ports)
