@@ -50,6 +50,19 @@ def frozen_floats(values: Any) -> FloatArray:
     return array
 
 
+_RECORD_EXTRAS = (
+    "mode",
+    "messages",
+    "prefix_hash",
+    "tools_hash",
+    "base_len",
+    "suffix_len",
+    "renders",
+    "render_len",
+    "render_digest",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ContinuationRecord:
     """How the proxy built a chat call's prompt (exact-token continuation), one per call.
@@ -58,7 +71,11 @@ class ContinuationRecord:
     tokens for the new messages; otherwise ``reason`` (a ``FallbackReason``) says why it was
     rendered fresh, and ``base_call_id`` names the call it extends at message level, if any.
     ``messages``, ``prefix_hash`` and ``tools_hash`` let later calls of the agent find this one;
-    ``base_len`` and ``suffix_len`` size a stitched prompt's two parts.
+    ``base_len`` and ``suffix_len`` size a stitched prompt's two parts; ``renders`` is how many
+    of the engine's renders the stitch took (1: the full render alone, 2: with the head render),
+    and ``render_len`` / ``render_digest`` (a stitched call: its prompt is not the engine's
+    render of its request) name that render, which the next call's render must begin with for
+    it to take one.
     """
 
     stitched: bool
@@ -70,6 +87,9 @@ class ContinuationRecord:
     tools_hash: str | None = None
     base_len: int | None = None
     suffix_len: int | None = None
+    renders: int | None = None
+    render_len: int | None = None
+    render_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -77,7 +97,7 @@ class ContinuationRecord:
             "reason": self.reason,
             "base_call_id": self.base_call_id,
         }
-        for key in ("mode", "messages", "prefix_hash", "tools_hash", "base_len", "suffix_len"):
+        for key in _RECORD_EXTRAS:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -337,6 +357,9 @@ def parse_continuation(value: Any, where: str = "call") -> ContinuationRecord | 
         tools_hash=text("tools_hash"),
         base_len=count("base_len"),
         suffix_len=count("suffix_len"),
+        renders=count("renders"),
+        render_len=count("render_len"),
+        render_digest=text("render_digest"),
     )
 
 

@@ -1,7 +1,9 @@
 """Exact-token continuation around the capture path: plan a call, route it, record its reply.
 
 ``Continuations.plan`` decides (capture_proxy/stitch.py) whether a chat request continues one of
-the agent's recorded calls and, in ``stitch`` mode, builds the stitched prompt from two renders.
+the agent's recorded calls and, in ``stitch`` mode, builds the stitched prompt from the engine's
+renders: the full request's and the head's, or the full one alone where a stitch of the same
+head shape has shown that the head render would cut at the same place.
 A stitched call goes to the engine's own chat route with the stitched ids forwarded in
 ``kv_transfer_params.prompt_token_ids`` (vLLM's decode-side token reuse: the ids are the prompt,
 the chat template and tokenizer are skipped, and the answer is the chat route's own — text, stop
@@ -29,13 +31,17 @@ from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
     Fresh,
+    OwnRender,
     PriorCall,
     Priors,
     ReplyAccumulator,
     Stitched,
     chain,
     chain_next,
+    head_shape,
+    marks,
     reply_message,
+    stitch_on_render,
     stitch_prompt,
     tools_hash,
 )
@@ -56,6 +62,9 @@ _TEXT_PARTS = frozenset(
     {"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"}
 )
 _MEDIA_WORDS = ("image", "audio", "video", "file", "embeds")
+#: Head shapes (:func:`~capture_proxy.stitch.head_shape`) whose one-render cut is known, kept
+#: per process; past this many the knowledge is dropped and learned again.
+_MAX_SHAPES = 4096
 
 
 @dataclass(slots=True)
@@ -96,6 +105,12 @@ class _TokenPathUnavailable(Exception):
     pass
 
 
+def _own_render(record: ContinuationRecord) -> OwnRender | None:
+    if record.render_len is None or record.render_digest is None:
+        return None
+    return OwnRender(record.render_len, record.render_digest)
+
+
 def _prior(call: CompletedChatCall) -> PriorCall | None:
     """What stitching needs of a recorded call (calls recorded without message hashes: none)."""
     record = call.continuation
@@ -109,7 +124,23 @@ def _prior(call: CompletedChatCall) -> PriorCall | None:
         prefix_hash=record.prefix_hash,
         reply_hash=call.reply_hash,
         tools_hash=record.tools_hash or "",
+        rendered_prompt=not record.stitched,
+        render=_own_render(record),
     )
+
+
+def _own_end(
+    base: PriorCall, prompt: list[int], full_ids: list[int]
+) -> tuple[int | None, OwnRender]:
+    """Where the base call's own render ends in ``full_ids`` (None: ``full_ids`` does not
+    begin with it, or it is not known), and the mark of ``full_ids``."""
+    own = base.render
+    if base.rendered_prompt or own is None:
+        n = len(prompt)
+        begins = base.rendered_prompt and full_ids[:n] == prompt
+        return (n if begins else None), OwnRender.of(full_ids)
+    head, mark = marks(full_ids, own.length)
+    return (own.length if head == own else None), mark
 
 
 class Continuations:
@@ -131,6 +162,8 @@ class Continuations:
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
         self._warned_ids_ignored = False
+        #: Per head shape: whether the one-render cut gave the two renders' ids (learned).
+        self._one_render: dict[str, bool] = {}
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -201,6 +234,8 @@ class Continuations:
                     prefix_hash=record.prefix_hash,
                     reply_hash=gen.reply_hash,
                     tools_hash=record.tools_hash or "",
+                    rendered_prompt=not record.stitched,
+                    render=_own_render(record),
                 )
             )
 
@@ -242,17 +277,21 @@ class Continuations:
             plan.record = replace(record, reason=rendered)
             return plan
         try:
-            stitched = await self._stitch(body, choice)
+            outcome = await self._stitch(body, choice)
         except _TokenPathUnavailable:
-            stitched = "token_path_unavailable"
-        if isinstance(stitched, str):
-            plan.record = replace(record, reason=stitched)
+            outcome = "token_path_unavailable"
+        if isinstance(outcome, str):
+            plan.record = replace(record, reason=outcome)
             return plan
+        stitched, renders, own = outcome
         plan.record = replace(
             record,
             stitched=True,
             base_len=stitched.base_len,
             suffix_len=len(stitched.trailer) + len(stitched.suffix),
+            renders=renders,
+            render_len=own.length,
+            render_digest=own.digest,
         )
         forwarded = body.get("kv_transfer_params")
         forwarded = forwarded if isinstance(forwarded, dict) else {}
@@ -280,28 +319,65 @@ class Continuations:
             self._eot_id = int(tokens[0])
         return self._eot_id
 
-    async def _stitch(self, body: dict[str, Any], choice: Extends) -> Stitched | FallbackReason:
-        """The two renders and the base call's tokens are asked for at once: under load the
-        engine's API server queues each request behind the streams it serves, so one wait
-        instead of three sequential ones keeps the call's latency (and, at a fixed number of
-        agents, the engine's batch) closer to a direct call's."""
+    async def _stitch(
+        self, body: dict[str, Any], choice: Extends
+    ) -> tuple[Stitched, int, OwnRender] | FallbackReason:
+        """The stitched ids, the number of renders they took and the full render's mark.
+
+        The renders and the base call's tokens are asked for at once: under load the engine's
+        API server queues each request behind the streams it serves, so one wait instead of
+        several keeps the call's latency (and, at a fixed number of agents, the engine's batch)
+        closer to a direct call's. Where the head's shape is known to need no head render (and
+        the base's own render is known), only the full render is asked for; should the full
+        render not begin with the base's own, the head render follows.
+        """
+        base = choice.base
+        shape = head_shape(body, base.messages, self.end_of_turn)
+        one = shape is not None and self._one_render.get(shape, False)
+        one = one and (base.rendered_prompt or base.render is not None)
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
         head_body = whole | {
-            "messages": body["messages"][: choice.base.messages + 1],
+            "messages": body["messages"][: base.messages + 1],
             "add_generation_prompt": False,
             "continue_final_message": False,
         }
-        full, head, tokens, eot = await asyncio.gather(
-            self._render(body),
-            self._render(head_body),
-            self.store.call_tokens(choice.base.call_id),  # one key read
+        asked = [self._render(body)] if one else [self._render(body), self._render(head_body)]
+        found = await asyncio.gather(
+            self.store.call_tokens(base.call_id),  # one key read
             self._end_of_turn_id(body.get("model")),
+            *asked,
         )  # (a failure raises at once; gather retrieves the others' outcomes itself)
-        if full is None or head is None:
+        (prompt, completion), eot, full, *heads = found
+        if full is None:
             return "render_failed"
-        prompt, completion = tokens
-        stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full["token_ids"])
-        return stitched.reason if isinstance(stitched, Fresh) else stitched
+        full_ids: list[int] = full["token_ids"]
+        own_end, mark = _own_end(base, prompt, full_ids)
+        learning = shape is not None and shape not in self._one_render
+        on_render = None
+        if own_end is not None and (one or learning):
+            on_render = stitch_on_render(prompt, completion, eot, own_end, full_ids)
+        if one and on_render is not None:
+            return on_render, 1, mark
+        head = heads[0] if heads else await self._render(head_body)
+        if head is None:
+            return "render_failed"
+        stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full_ids)
+        if isinstance(stitched, Fresh):
+            return stitched.reason
+        if learning and shape is not None and on_render is not None:
+            self._learn(shape, on_render.prompt_ids == stitched.prompt_ids)
+        return stitched, 2, mark
+
+    def _learn(self, shape: str, agrees: bool) -> None:
+        if len(self._one_render) >= _MAX_SHAPES:
+            self._one_render.clear()
+        self._one_render[shape] = agrees
+        if not agrees:
+            log.info(
+                "the chat template renders an assistant message differently when it is not the"
+                " last one: calls of this shape keep the head render (shape %s)",
+                shape,
+            )
 
     # -- recording --------------------------------------------------------------------------
 

@@ -11,6 +11,14 @@ end-of-turn id when the completion did not end with it) + the template's trailer
 end-of-turn token + the template's tokens for the appended messages. The last two come from two
 renders: the messages up to and including the returned assistant message (no generation prompt),
 and the full request; the first must be a token prefix of the second (prefix-stable template).
+
+One render is enough where the full render begins with the base call's own render (its messages
+and the generation prompt: :class:`OwnRender`) and the template renders an assistant message the
+same way whether it is the last message or not: the returned message's rendering then ends at the
+first end-of-turn token after that prefix (:func:`stitch_on_render`). The second property is the
+template's, not the request's, and is learned, never assumed: per :func:`head_shape` (the fields
+that reach the template, the returned message's shape, the roles appended after it), a stitch
+that made both renders shows whether the one-render cut gives the same ids.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,6 +233,44 @@ class ReplyAccumulator:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnRender:
+    """The engine's render of a call's own request (its messages and the generation prompt),
+    kept as its length and digest: a later request's render that begins with it renders the
+    call's messages as they were rendered for the call."""
+
+    length: int
+    digest: str
+
+    @classmethod
+    def of(cls, ids: Sequence[int]) -> OwnRender:
+        return cls(len(ids), render_digest(ids))
+
+
+def _hasher(ids: Sequence[int]) -> tuple[Any, memoryview]:
+    packed = array("i", ids)  # (int32, as the store packs ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return hashlib.blake2b(digest_size=16), memoryview(packed).cast("B")
+
+
+def render_digest(ids: Sequence[int]) -> str:
+    hasher, data = _hasher(ids)
+    hasher.update(data)
+    return str(hasher.hexdigest())
+
+
+def marks(ids: Sequence[int], at: int) -> tuple[OwnRender, OwnRender]:
+    """The marks of ``ids[:at]`` and of ``ids``, in one pass (at ~20k ids, packing them is
+    most of a mark's cost: ~0.3 ms)."""
+    at = min(at, len(ids))
+    hasher, data = _hasher(ids)
+    hasher.update(data[: 4 * at])
+    head = OwnRender(at, hasher.copy().hexdigest())
+    hasher.update(data[4 * at :])
+    return head, OwnRender(len(ids), hasher.hexdigest())
+
+
+@dataclass(frozen=True, slots=True)
 class PriorCall:
     """What stitching needs to know of one completed chat call of the agent."""
 
@@ -233,6 +281,10 @@ class PriorCall:
     prefix_hash: str  # h_messages of its request
     reply_hash: str | None  # h_{messages+1}: its request plus the returned assistant message
     tools_hash: str
+    #: Its prompt is the engine's render of its request (it was not stitched).
+    rendered_prompt: bool = False
+    #: A stitched call: the engine's render of its request, which its prompt is not.
+    render: OwnRender | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,9 +402,78 @@ def stitch_prompt(
         return Fresh("template_not_prefix_stable")
     last_eot = cut - 1 - list(reversed(with_reply_ids)).index(end_of_turn_id)
     trailer = list(with_reply_ids[last_eot + 1 :])
+    base = _base(prompt_ids, completion_ids, end_of_turn_id)
+    suffix = list(full_ids[cut:])
+    return Stitched([*base, *trailer, *suffix], len(base), trailer, suffix)
+
+
+def _base(
+    prompt_ids: Sequence[int], completion_ids: Sequence[int], end_of_turn_id: int
+) -> list[int]:
+    """The base call's exact prompt + completion, ended by the end-of-turn id."""
     completion = list(completion_ids)
     if not completion or completion[-1] != end_of_turn_id:
         completion.append(end_of_turn_id)
-    base = [*prompt_ids, *completion]
-    suffix = list(full_ids[cut:])
-    return Stitched([*base, *trailer, *suffix], len(base), trailer, suffix)
+    return [*prompt_ids, *completion]
+
+
+def stitch_on_render(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    end_of_turn_id: int,
+    own_len: int,
+    full_ids: Sequence[int],
+) -> Stitched | None:
+    """Base prompt + completion (+ end-of-turn) + the full render after the end-of-turn token
+    that ends the returned message: the first one after the base's own render (``own_len``
+    ids, which ``full_ids`` begins with). None when there is none.
+
+    Where the template renders the returned message as it does last (:func:`stitch_prompt`'s
+    prefix-stable case) and its text holds no end-of-turn token (:func:`head_shape`), that is
+    the head render's last end-of-turn token, and the ids are :func:`stitch_prompt`'s; the
+    trailer is then reported as part of the suffix.
+    """
+    try:
+        cut = list(full_ids).index(end_of_turn_id, own_len)
+    except ValueError:
+        return None
+    base = _base(prompt_ids, completion_ids, end_of_turn_id)
+    suffix = list(full_ids[cut + 1 :])
+    return Stitched([*base, *suffix], len(base), [], suffix)
+
+
+#: Request fields that do not reach the chat template (sampling, output and transport
+#: options). Any other field — ``model``, ``tools``, ``chat_template_kwargs``, fields not
+#: known here — is part of a :func:`head_shape`.
+_NOT_RENDERED = frozenset(
+    {
+        "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "n",
+        "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids",
+        "ignore_eos", "include_stop_str_in_output", "logprobs", "top_logprobs",
+        "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
+        "logit_bias", "bad_words", "allowed_token_ids", "skip_special_tokens",
+        "spaces_between_special_tokens", "structured_outputs", "response_format",
+        "parallel_tool_calls", "kv_transfer_params", "priority", "request_id", "cache_salt",
+        "user", "metadata", "store", "service_tier",
+    }
+)  # fmt: skip
+
+
+def head_shape(body: dict[str, Any], reply_index: int, end_of_turn: str) -> str | None:
+    """What decides how the template renders the returned message (``messages[reply_index]``)
+    and where its rendering ends: the fields that reach the template, the message's own
+    fields and whether its text holds a closing tag (``</think>``, ``</tool_call>``: templates
+    split on those), and the roles appended after it. None when the message's text holds the
+    end-of-turn token itself: its rendering would then hold two.
+    """
+    messages = body["messages"]
+    reply = messages[reply_index]
+    text = canonical_json(reply).decode()
+    if end_of_turn in text:
+        return None
+    fields = {k: v for k, v in body.items() if k != "messages" and k not in _NOT_RENDERED}
+    kept = sorted(k for k, v in reply.items() if v not in (None, "", [], {}))
+    after = sorted({str(m.get("role")) for m in messages[reply_index + 1 :]})
+    shape = canonical_json([fields, kept, "</" in text, after])
+    return hashlib.sha256(shape).hexdigest()[:32]

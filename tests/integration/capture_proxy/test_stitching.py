@@ -106,6 +106,9 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     ):
         assert calls[by_step[step].call_id]["continuation"]["stitched"], step
     assert not calls[by_step["worker-a.turn2"].call_id]["continuation"]["stitched"]
+    # a stitch of a head shape seen before takes the full render alone (checked exact below)
+    renders = [c["continuation"].get("renders") for c in calls.values() if c["continuation"]]
+    assert sorted(r for r in renders if r) in ([1, 1, 2, 2, 2, 2], [1, 1, 1, 2, 2, 2]), renders
 
 
 def test_stitched_prompt_is_base_plus_completion_plus_rendered_suffix(
@@ -283,6 +286,84 @@ async def test_a_stitched_call_is_the_chat_route_on_the_stitched_ids_stop_string
     assert answer["prompt_token_ids"] == ids
     [cut] = answer["choices"]
     assert cut["finish_reason"] == "stop" and cut["message"]["content"] == text[: text.index("e")]
+
+
+def _two_render_ids(
+    vllm: VLLMServer, request: dict[str, Any], base: int, tokens: tuple[list[int], list[int]]
+) -> list[int]:
+    """The stitched prompt from vLLM's own two renders (the head up to the base's reply, the
+    full request), computed here independently of the proxy."""
+    eot = httpx.post(
+        f"{vllm.base_url}/tokenize",
+        json={"model": "tiny", "prompt": "<|im_end|>", "add_special_tokens": False},
+    ).json()["tokens"][0]
+    whole = {k: v for k, v in request.items() if k not in {"stream", "stream_options"}}
+    full_ids = _render(vllm, whole)
+    head = whole | {"messages": whole["messages"][: base + 1], "add_generation_prompt": False}
+    head_ids = _render(vllm, head)
+    assert full_ids[: len(head_ids)] == head_ids
+    prompt, completion = tokens
+    if completion[-1] != eot:
+        completion = [*completion, eot]
+    trailer = head_ids[len(head_ids) - head_ids[::-1].index(eot) :]
+    return prompt + completion + trailer + full_ids[len(head_ids) :]
+
+
+async def test_a_known_head_shape_is_stitched_on_one_render_with_the_same_ids(
+    continued: _Continued, vllm_server: VLLMServer
+) -> None:
+    """On the tiny model's Qwen-style template an assistant message with text renders the same
+    whether it is the last one or not (one with no text does not: its turn lacks the newline
+    the generation prompt ends with, so a full render after it does not begin with the base's
+    render, and both renders are taken). The first stitch of a head shape takes both renders
+    and learns that; the next of the shape takes the full render alone. Every stitched prompt
+    equals what vLLM's own two renders give: from a base rendered fresh (its prompt is its
+    render), and from a stitched base, known after a restart by the digest of its render kept
+    in its record."""
+    continuations, episode = continued.continuations, continued.episode
+    store = continuations.store
+    body = continued.body | {"logprobs": True, "return_token_ids": True}
+    expected = _two_render_ids(
+        vllm_server, body, 1, await store.call_tokens(continued.base_call_id)
+    )
+    plans = [await continuations.plan(episode, "chat", "a", body | {"seed": s}) for s in (1, 2)]
+    assert [p.record.renders if p.record else None for p in plans] == [2, 1]
+    for plan in plans:
+        assert plan.body is not None
+        assert plan.body["kv_transfer_params"]["prompt_token_ids"] == expected
+
+    # the second call is recorded (stitched), the agent answers and asks again
+    second = plans[1]
+    assert second.body is not None and second.record is not None
+    words = {"structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6}){1,2}"}}  # (text, not "")
+    answer = await _chat(continuations, second.body | words)
+    [choice] = answer["choices"]
+    reply = reply_message(choice)
+    assert reply["content"], choice
+    messages = [*body["messages"], reply]
+    [call_id] = await store.admit(
+        episode, Admission("chat", False, 1, "policy", "a", continuation=second.record)
+    )
+    generation = Generation(
+        answer["prompt_token_ids"],
+        choice["token_ids"],
+        [entry["logprob"] for entry in choice["logprobs"]["content"]],
+        choice["finish_reason"],
+        reply_hash=chain(messages)[-1],
+    )
+    assert await store.complete(episode, [call_id], [generation], continued.base_call_id)
+    third = body | {"messages": [*messages, {"role": "user", "content": "And a third?"}]}
+    expected = _two_render_ids(
+        vllm_server, third, len(messages) - 1, await store.call_tokens(call_id)
+    )
+    settings = Settings(upstream=UpstreamSettings(url=vllm_server.base_url), continuation="stitch")
+    restarted = Continuations(settings, store, continuations.upstream)
+    plans = [await restarted.plan(episode, "chat", "a", third | {"seed": s}) for s in (3, 4)]
+    assert [p.record.base_call_id if p.record else None for p in plans] == [call_id] * 2
+    assert [p.record.renders if p.record else None for p in plans] == [2, 1]
+    for plan in plans:
+        assert plan.body is not None
+        assert plan.body["kv_transfer_params"]["prompt_token_ids"] == expected
 
 
 async def test_requests_the_engine_renders_itself_are_not_stitched(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from capture_proxy.continuation import Continuations, Plan, rendered_by_engine
 from capture_proxy.settings import Settings
-from capture_proxy.stitch import Extends, PriorCall, Stitched
+from capture_proxy.stitch import Extends, OwnRender, PriorCall, Stitched
 from capture_proxy.store.records import Generation
 from capture_proxy.upstream.client import UpstreamReply
 
@@ -113,8 +113,135 @@ def test_the_two_renders_and_the_base_tokens_are_asked_for_at_once() -> None:
     async def stitch() -> Any:
         return await asyncio.wait_for(continuations._stitch(body, Extends(base)), 5)
 
-    stitched = asyncio.run(stitch())
-    assert isinstance(stitched, Stitched)
+    stitched, renders, _ = asyncio.run(stitch())
+    assert isinstance(stitched, Stitched) and renders == 2
     assert stitched.prompt_ids == [1, 2, 3, 4, _Renders.EOT, 7, 8, 8]
     full, head = engine.arrived
     assert full is body and "stream" not in head and len(head["messages"]) == 2
+
+
+class _Template:
+    """An engine double that renders like a chat template: per message its role's token, its
+    text (one id per character), end of turn and a newline; the generation prompt is the
+    assistant token. ``split_calls``: an assistant message's tool calls are a turn of their own
+    (two end-of-turn tokens in one message's rendering, which one render cannot tell apart)."""
+
+    EOT, NL, ASSISTANT = 9, 5, 7
+    ROLES: ClassVar[dict[str, int]] = {"system": 1, "user": 2, "tool": 3, "assistant": 7}
+
+    def __init__(self, base_prompt: list[int], *, split_calls: bool = False) -> None:
+        self.base_prompt = base_prompt
+        self.split_calls = split_calls
+        self.renders: list[bool] = []  # add_generation_prompt of each render asked for
+
+    def message(self, message: dict[str, Any]) -> list[int]:
+        text = [100 + ord(c) % 50 for c in message.get("content") or ""]
+        ids = [self.ROLES[message["role"]], *text, self.EOT, self.NL]
+        for call in message.get("tool_calls") or []:
+            args = [150 + ord(c) % 50 for c in call["function"]["arguments"]]
+            ids = (
+                [*ids[:-2], *args, self.EOT, self.NL]
+                if not self.split_calls
+                else [*ids, 8, *args, self.EOT, self.NL]
+            )
+        return ids
+
+    async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        generation = body.get("add_generation_prompt", True)
+        self.renders.append(generation)
+        ids = [t for m in body["messages"] for t in self.message(m)]
+        return UpstreamReply(200, {"token_ids": ids + [self.ASSISTANT] * generation})
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
+        return UpstreamReply(200, {"tokens": [self.EOT]})
+
+    async def call_tokens(self, call_id: str) -> tuple[list[int], list[int]]:
+        return self.base_prompt, [40, 41, self.EOT]  # sampled: not the canonical split
+
+
+ASKED = {"role": "user", "content": "count"}
+CALLED = {
+    "role": "assistant",
+    "content": "ok",
+    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+}
+RESULT = {"role": "tool", "tool_call_id": "c", "content": "3"}
+
+
+def _stitch_twice(engine: _Template, base: PriorCall) -> list[tuple[Stitched, int]]:
+    continuations = Continuations(Settings(), engine, engine)  # type: ignore[arg-type]
+    body = _body(ASKED, CALLED, RESULT, temperature=1.0)
+
+    async def stitch() -> list[tuple[Stitched, int]]:
+        out = []
+        for request in (body, body | {"seed": 3}):  # (a sampling field: the same head shape)
+            stitched = await continuations._stitch(request, Extends(base))
+            assert not isinstance(stitched, str), stitched
+            out.append(stitched[:2])
+        return out
+
+    return asyncio.run(stitch())
+
+
+def _expected(engine: _Template, base_prompt: list[int]) -> list[int]:
+    """Base prompt + sampled ids + what follows the reply in the full render (two renders)."""
+    tail = [engine.NL, *engine.message(RESULT), engine.ASSISTANT]
+    return [*base_prompt, 40, 41, engine.EOT, *tail]
+
+
+def test_a_head_shape_shown_to_need_no_head_render_takes_one_render() -> None:
+    """The first stitch of a head shape asks for both renders and learns that the full render
+    alone cuts at the same place; the next of that shape asks for the full render only, and its
+    ids are the same. The base's own render is its prompt here (it was rendered fresh)."""
+    engine = _Template([])
+    engine.base_prompt = [*engine.message(ASKED), engine.ASSISTANT]
+    base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+    (first, renders_1), (second, renders_2) = _stitch_twice(engine, base)
+    assert (renders_1, renders_2) == (2, 1) and engine.renders == [True, False, True]
+    assert first.prompt_ids == second.prompt_ids == _expected(engine, engine.base_prompt)
+
+
+def test_a_stitched_base_is_known_by_the_digest_of_its_own_render() -> None:
+    """A stitched base's prompt is not the engine's render of its request: the full render is
+    compared with the render it was stitched from, kept as a length and a digest."""
+    engine = _Template([])
+    own = [*engine.message(ASKED), engine.ASSISTANT]
+    engine.base_prompt = [2, 111, 112, 9, 5, 7]  # exact ids of an earlier stitch: not `own`
+    base = PriorCall("c", 1, "parent", 1, "p", "r", "", render=OwnRender.of(own))
+    (first, renders_1), (second, renders_2) = _stitch_twice(engine, base)
+    assert (renders_1, renders_2) == (2, 1)
+    assert first.prompt_ids == second.prompt_ids == _expected(engine, engine.base_prompt)
+    # without a known own render (a record from before renders were marked): two renders
+    engine.renders.clear()
+    unknown = PriorCall("c", 1, "parent", 1, "p", "r", "")
+    assert [r for _, r in _stitch_twice(engine, unknown)] == [2, 2]
+
+
+def test_a_template_the_one_render_cut_gets_wrong_keeps_the_head_render() -> None:
+    """Tool calls rendered as a turn of their own: the reply's rendering holds two end-of-turn
+    tokens. The first stitch sees the cuts disagree, so that shape keeps both renders, and every
+    stitch is the two renders' (the one-render cut would have dropped the tool call)."""
+    engine = _Template([], split_calls=True)
+    engine.base_prompt = [*engine.message(ASKED), engine.ASSISTANT]
+    base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+    (first, renders_1), (second, renders_2) = _stitch_twice(engine, base)
+    assert (renders_1, renders_2) == (2, 2) and engine.renders == [True, False] * 2
+    assert first.prompt_ids == second.prompt_ids == _expected(engine, engine.base_prompt)
+
+
+def test_a_full_render_without_the_base_render_asks_for_the_head_after_it() -> None:
+    """The shape is known, but the full render does not begin with the base's own render (the
+    history renders otherwise now): the head render is asked for after all."""
+    engine = _Template([])
+    engine.base_prompt = [*engine.message(ASKED), engine.ASSISTANT]
+    continuations = Continuations(Settings(), engine, engine)  # type: ignore[arg-type]
+    body = _body(ASKED, CALLED, RESULT)
+    fresh = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+    other = PriorCall("call-1", 1, "parent", 1, "p", "r", "", render=OwnRender.of([2, 7]))
+
+    async def stitch() -> list[Any]:
+        return [await continuations._stitch(body, Extends(b)) for b in (fresh, other)]
+
+    (learned, renders_1, _), (after, renders_2, _) = asyncio.run(stitch())
+    assert (renders_1, renders_2) == (2, 2) and engine.renders == [True, False, True, False]
+    assert learned.prompt_ids == after.prompt_ids

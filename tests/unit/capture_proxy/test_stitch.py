@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from capture_proxy.stitch import (
     Extends,
     Fresh,
+    OwnRender,
     PriorCall,
     Priors,
     ReplyAccumulator,
@@ -20,7 +21,11 @@ from capture_proxy.stitch import (
     canonical_message,
     chain,
     choose_base,
+    head_shape,
+    marks,
+    render_digest,
     reply_message,
+    stitch_on_render,
     stitch_prompt,
     tools_hash,
 )
@@ -200,6 +205,73 @@ def test_template_that_rewrites_history_falls_back() -> None:
     assert stitch_prompt([1, 7], [44], EOT, [1, 7, 44], [1, 7, 44, 8]) == Fresh(
         "template_not_prefix_stable"
     )
+
+
+def test_one_render_cuts_where_the_head_render_would() -> None:
+    """Where the template renders the reply as it does last, the full render alone gives the
+    two renders' ids: the reply's rendering ends at the first end-of-turn after the base's own
+    render (its prompt, generation prompt included); the trailer is reported in the suffix."""
+    prompt = [1, 2, 3, 7]
+    completion = [40, 41, EOT]
+    with_reply = [1, 2, 3, 7, 44, EOT, NL]
+    full = [*with_reply, 6, 60, 61, EOT, NL, 7]
+    two = stitch_prompt(prompt, completion, EOT, with_reply, full)
+    one = stitch_on_render(prompt, completion, EOT, len(prompt), full)
+    assert isinstance(two, Stitched) and one is not None
+    assert one.prompt_ids == two.prompt_ids and one.base_len == two.base_len
+    assert one.trailer == [] and one.suffix == [NL, 6, 60, 61, EOT, NL, 7]
+    truncated = stitch_on_render([1, 7], [40, 41], EOT, 2, [1, 7, 44, EOT, NL, 8])
+    assert truncated is not None and truncated.prompt_ids == [1, 7, 40, 41, EOT, NL, 8]
+    assert stitch_on_render([1, 7], [40], EOT, 2, [1, 7, 44, NL, 8]) is None  # no end of turn
+
+
+def test_one_render_is_wrong_where_the_template_rewrites_the_reply() -> None:
+    """A template that renders the last assistant message otherwise than an earlier one (an
+    empty reasoning block while it is last): the one-render cut differs from the two renders'.
+    Only the head render shows it, so the proxy learns per head shape, never assumes."""
+    with_reply = [1, 7, 30, 31, 44, EOT, NL]  # last: "<think></think>" + reply
+    full = [1, 7, 44, EOT, NL, 6, 7]  # not last: the reply alone
+    assert stitch_prompt([1, 7], [44, EOT], EOT, with_reply, full) == Fresh(
+        "template_not_prefix_stable"
+    )
+    one = stitch_on_render([1, 7], [44, EOT], EOT, 2, full)
+    assert one is not None  # (a cut is found: it is the learning that keeps it unused)
+
+
+def test_own_render_is_known_by_length_and_digest() -> None:
+    ids = [1, 2, 3, 2**31 - 1]
+    mark = OwnRender.of(ids)
+    assert mark == OwnRender(4, render_digest(ids)) and len(mark.digest) == 32
+    assert OwnRender.of([1, 2, 3, 2**31 - 2]) != mark and OwnRender.of(ids[:3]) != mark
+    assert marks(ids, 2) == (OwnRender.of(ids[:2]), mark)  # (one pass, the same marks)
+    assert marks(ids, 9) == (mark, mark)
+
+
+def test_head_shape_holds_what_reaches_the_template() -> None:
+    reply = {"role": "assistant", "content": "ok"}
+    body = {"model": "m", "messages": [USER, reply, RESULT], "tools": [{"type": "function"}]}
+
+    def shape(**changes: Any) -> str | None:
+        return head_shape(body | changes, 1, "<|im_end|>")
+
+    plain = shape()
+    assert plain is not None
+    # sampling and transport options do not reach the template
+    assert shape(temperature=0.3, seed=4, stream=True, max_tokens=9, logprobs=True) == plain
+    others = [
+        shape(model="other"),
+        shape(tools=[]),
+        shape(chat_template_kwargs={"enable_thinking": False}),
+        shape(some_new_field=1),  # not known to stay out of the template: in the shape
+        shape(messages=[USER, reply, USER]),  # a user turn after the reply, not a tool result
+        shape(messages=[USER, reply | {"reasoning_content": "hm"}, RESULT]),
+        shape(messages=[USER, reply | {"tool_calls": [{"id": "1"}]}, RESULT]),
+        shape(messages=[USER, {"role": "assistant", "content": "<think>a</think>b"}, RESULT]),
+    ]
+    assert plain not in others and len(set(others)) == len(others)
+    assert shape(messages=[USER, reply | {"tool_calls": []}, RESULT]) == plain  # (empty)
+    eot_text = {"role": "assistant", "content": "a <|im_end|> b"}
+    assert shape(messages=[USER, eot_text, RESULT]) is None
 
 
 def test_streamed_reply_equals_whole_reply() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from capture_contracts.bundle import SCHEMA
+from capture_contracts.bundle import SCHEMA, ContinuationRecord, parse_continuation
 from capture_contracts.errors import InvalidBundle
 from reconstruct import reconstruct_episode
 
@@ -85,3 +85,21 @@ def test_golden_linear_chain_continues_and_compaction_restarts() -> None:
     chain = json.loads((golden / "chain20_compaction.json").read_text())["bundle"]
     drift = reconstruct_episode(chain).accounting.drift
     assert (drift.continued, drift.fresh_contexts) == (18, 2)  # 20 calls, one compaction rewrite
+
+
+def test_a_continuation_record_round_trips_with_its_render_marks() -> None:
+    record = ContinuationRecord(
+        stitched=True,
+        base_call_id="c1",
+        mode="stitch",
+        base_len=4,
+        suffix_len=3,
+        renders=1,
+        render_len=6,
+        render_digest="ab" * 16,
+    )
+    assert parse_continuation(record.to_dict(), "call c2") == record
+    older = {"stitched": True, "base_call_id": "c1"}  # a record from before renders were kept
+    assert parse_continuation(older, "call c2") == ContinuationRecord(True, base_call_id="c1")
+    with pytest.raises(InvalidBundle, match="render_len"):
+        parse_continuation(older | {"render_len": "six"}, "call c2")
