@@ -27,6 +27,7 @@ from typing import Any
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
+from capture_proxy.message_chain import chain, chain_next, tools_hash
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
@@ -36,14 +37,11 @@ from capture_proxy.stitch import (
     Priors,
     ReplyAccumulator,
     Stitched,
-    chain,
-    chain_next,
     head_shape,
     marks,
     reply_message,
     stitch_on_render,
     stitch_prompt,
-    tools_hash,
 )
 from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.store.repository import Store

@@ -9,7 +9,7 @@ always did. The look for such floats walks the parsed value, not the bytes (a lo
 runs in the raw bytes cost as much as orjson saved: docs/benchmarks.md, tenth session).
 
 Used for request bodies (:mod:`capture_proxy.api.json_body`) and for the tool-call arguments that
-stitching's canonical messages parse (:mod:`capture_proxy.stitch`).
+stitching's canonical messages parse (:mod:`capture_proxy.message_chain`).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from capture_proxy.continuation import Continuations, Plan
+from capture_proxy.message_chain import chain, tools_hash
 from capture_proxy.settings import Settings
-from capture_proxy.stitch import chain, tools_hash
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store

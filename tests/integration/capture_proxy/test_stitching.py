@@ -26,8 +26,9 @@ from capture_devkit.engine import VLLMServer
 from capture_devkit.harness import close_episode, fetch_bundle, open_episode, run_episode
 from capture_devkit.harness.trace import EpisodeTrace
 from capture_proxy.continuation import Continuations
+from capture_proxy.message_chain import chain, tools_hash
 from capture_proxy.settings import Settings, StoreSettings, UpstreamSettings
-from capture_proxy.stitch import chain, reply_message, tools_hash
+from capture_proxy.stitch import reply_message
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
 from capture_proxy.upstream import Upstream
