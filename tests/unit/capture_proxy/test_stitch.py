@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from hypothesis import given, settings
@@ -163,8 +164,11 @@ def test_own_render_is_known_by_length_and_digest() -> None:
     mark = OwnRender.of(ids)
     assert mark == OwnRender(4, render_digest(ids)) and len(mark.digest) == 32
     assert OwnRender.of([1, 2, 3, 2**31 - 2]) != mark and OwnRender.of(ids[:3]) != mark
-    assert marks(ids, 2) == (OwnRender.of(ids[:2]), mark)  # (one pass, the same marks)
-    assert marks(ids, 9) == (mark, mark)
+    # the stored format: SHA-256 of the compact JSON array, 32 hex digits
+    assert render_digest([1, 2, 3]) == hashlib.sha256(b"[1,2,3]").hexdigest()[:32]
+    for at in range(6):  # (written and hashed once, the same marks)
+        assert marks(ids, at) == (OwnRender.of(ids[:at]), mark)
+    assert marks([], 0) == (OwnRender.of([]), OwnRender.of([]))
 
 
 def test_head_shape_holds_what_reaches_the_template() -> None:
