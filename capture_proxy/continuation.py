@@ -63,6 +63,9 @@ _MEDIA_WORDS = ("image", "audio", "video", "file", "embeds")
 #: Head shapes (:func:`~capture_proxy.stitch.head_shape`) whose one-render cut is known, kept
 #: per process; past this many the knowledge is dropped and learned again.
 _MAX_SHAPES = 4096
+#: Of a shape's stitches on one render, every this many-th takes both renders again and checks
+#: the cut (a template whose rendering of a reply depends on more than its shape shows there).
+RECHECK_EVERY = 32
 
 
 @dataclass(slots=True)
@@ -160,8 +163,10 @@ class Continuations:
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
         self._warned_ids_ignored = False
-        #: Per head shape: whether the one-render cut gave the two renders' ids (learned).
+        #: Per head shape: whether the one-render cut gave the two renders' ids (learned), and
+        #: how many of its stitches took one render since it was last checked.
         self._one_render: dict[str, bool] = {}
+        self._unchecked: dict[str, int] = {}
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -331,8 +336,13 @@ class Continuations:
         """
         base = choice.base
         shape = head_shape(body, base.messages, self.end_of_turn)
-        one = shape is not None and self._one_render.get(shape, False)
-        one = one and (base.rendered_prompt or base.render is not None)
+        known = None if shape is None else self._one_render.get(shape)
+        one = known is True and (base.rendered_prompt or base.render is not None)
+        learning = shape is not None and known is None
+        if one and shape is not None:
+            unchecked = self._unchecked[shape] = self._unchecked.get(shape, 0) + 1
+            if unchecked >= RECHECK_EVERY:
+                one, learning = False, True
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
         head_body = whole | {
             "messages": body["messages"][: base.messages + 1],
@@ -350,7 +360,6 @@ class Continuations:
             return "render_failed"
         full_ids: list[int] = full["token_ids"]
         own_end, mark = _own_end(base, prompt, full_ids)
-        learning = shape is not None and shape not in self._one_render
         on_render = None
         if own_end is not None and (one or learning):
             on_render = stitch_on_render(prompt, completion, eot, own_end, full_ids)
@@ -360,17 +369,31 @@ class Continuations:
         if head is None:
             return "render_failed"
         stitched = stitch_prompt(prompt, completion, eot, head["token_ids"], full_ids)
+        if learning and shape is not None and on_render is not None:
+            # (two renders that fall back, where one would have stitched, disagree too)
+            two = stitched.prompt_ids if isinstance(stitched, Stitched) else None
+            self._learn(shape, on_render.prompt_ids == two)
         if isinstance(stitched, Fresh):
             return stitched.reason
-        if learning and shape is not None and on_render is not None:
-            self._learn(shape, on_render.prompt_ids == stitched.prompt_ids)
         return stitched, 2, mark
 
     def _learn(self, shape: str, agrees: bool) -> None:
         if len(self._one_render) >= _MAX_SHAPES:
             self._one_render.clear()
+            self._unchecked.clear()
+        was = self._one_render.get(shape)
         self._one_render[shape] = agrees
-        if not agrees:
+        self._unchecked[shape] = 0
+        if was and not agrees:
+            log.warning(
+                "a recheck found the one-render cut wrong for a head shape it had been right"
+                " for: the chat template renders these replies by more than their shape. Calls"
+                " of this shape take both renders from now on (up to %d stitched since the"
+                " last check may have been cut otherwise; shape %s)",
+                RECHECK_EVERY - 1,
+                shape,
+            )
+        elif not agrees:
             log.info(
                 "the chat template renders an assistant message differently when it is not the"
                 " last one: calls of this shape keep the head render (shape %s)",

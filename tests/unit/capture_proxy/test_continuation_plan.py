@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from capture_proxy.continuation import Continuations, Plan, rendered_by_engine
+from capture_proxy.continuation import RECHECK_EVERY, Continuations, Plan, rendered_by_engine
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import Extends, OwnRender, PriorCall, Stitched
 from capture_proxy.store.records import Generation
@@ -129,9 +129,12 @@ class _Template:
     EOT, NL, ASSISTANT = 9, 5, 7
     ROLES: ClassVar[dict[str, int]] = {"system": 1, "user": 2, "tool": 3, "assistant": 7}
 
-    def __init__(self, base_prompt: list[int], *, split_calls: bool = False) -> None:
+    def __init__(
+        self, base_prompt: list[int], *, split_calls: bool = False, mark_last: bool = False
+    ) -> None:
         self.base_prompt = base_prompt
         self.split_calls = split_calls
+        self.mark_last = mark_last  # the last assistant turn opens with 30, 31 (Qwen3's block)
         self.renders: list[bool] = []  # add_generation_prompt of each render asked for
 
     def message(self, message: dict[str, Any]) -> list[int]:
@@ -149,7 +152,11 @@ class _Template:
     async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
         generation = body.get("add_generation_prompt", True)
         self.renders.append(generation)
-        ids = [t for m in body["messages"] for t in self.message(m)]
+        messages = body["messages"]
+        ids = [t for m in messages for t in self.message(m)]
+        if self.mark_last and not generation and messages[-1]["role"] == "assistant":
+            last = len(self.message(messages[-1]))
+            ids[-last + 1 : -last + 1] = [30, 31]
         return UpstreamReply(200, {"token_ids": ids + [self.ASSISTANT] * generation})
 
     async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
@@ -245,3 +252,56 @@ def test_a_full_render_without_the_base_render_asks_for_the_head_after_it() -> N
     (learned, renders_1, _), (after, renders_2, _) = asyncio.run(stitch())
     assert (renders_1, renders_2) == (2, 2) and engine.renders == [True, False, True, False]
     assert learned.prompt_ids == after.prompt_ids
+
+
+def test_a_shape_is_checked_again_every_so_many_stitches(caplog: pytest.LogCaptureFixture) -> None:
+    """Learned right, a shape is still checked with both renders every ``RECHECK_EVERY``
+    stitches: a template that turns out to render these replies otherwise (here it starts
+    rendering tool calls as a turn of their own) is caught there, and the shape keeps both
+    renders from then on, every stitch the two renders' again."""
+    engine = _Template([])
+    engine.base_prompt = [*engine.message(ASKED), engine.ASSISTANT]
+    continuations = Continuations(Settings(), engine, engine)  # type: ignore[arg-type]
+    base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+    body = _body(ASKED, CALLED, RESULT)
+
+    async def stitches(calls: int) -> list[tuple[list[int], int]]:
+        out = []
+        for _ in range(calls):
+            stitched = await continuations._stitch(body, Extends(base))
+            assert not isinstance(stitched, str)
+            out.append((stitched[0].prompt_ids, stitched[1]))
+        return out
+
+    learned = asyncio.run(stitches(RECHECK_EVERY + 1))
+    assert [r for _, r in learned] == [2] + [1] * (RECHECK_EVERY - 1) + [2]  # one recheck
+    assert all(ids == _expected(engine, engine.base_prompt) for ids, _ in learned)
+    engine.split_calls = True
+    with caplog.at_level(logging.WARNING, logger="capture_proxy.continuation"):
+        rechecked = asyncio.run(stitches(RECHECK_EVERY + 2))
+    assert len(caplog.records) == 1 and "recheck found the one-render cut wrong" in caplog.text
+    # one render until the next check (those cuts are wrong now), then both renders for good
+    assert [r for _, r in rechecked] == [1] * (RECHECK_EVERY - 1) + [2, 2, 2]
+    assert rechecked[0][0] != _expected(engine, engine.base_prompt)
+    assert all(ids == _expected(engine, engine.base_prompt) for ids, _ in rechecked[-3:])
+
+
+def test_where_two_renders_fall_back_one_render_is_never_taken() -> None:
+    """A template that marks the last assistant turn (Qwen3's empty reasoning block): the head
+    is not a prefix of the full render, so the two renders fall back to a fresh render. One
+    render would have stitched; that counts as a disagreement, and the shape keeps both renders
+    even where a later call's renders would agree."""
+    engine = _Template([], mark_last=True)
+    engine.base_prompt = [*engine.message(ASKED), engine.ASSISTANT]
+    continuations = Continuations(Settings(), engine, engine)  # type: ignore[arg-type]
+    base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+    body = _body(ASKED, CALLED, RESULT)
+
+    async def stitch() -> Any:
+        return await continuations._stitch(body, Extends(base))
+
+    assert asyncio.run(stitch()) == "template_not_prefix_stable"
+    engine.mark_last = False
+    outcomes = [asyncio.run(stitch()) for _ in range(3)]
+    assert [o[1] for o in outcomes] == [2, 2, 2]
+    assert engine.renders == [True, False] * 4
