@@ -58,7 +58,8 @@ def canonical_json(value: Any, *, floats: bool | None = None) -> bytes:
     ones. It does not for floats (``1e-05`` is ``0.00001`` there), integers beyond 64 bits and
     lone surrogates (it refuses them): those take ``json.dumps``. What it writes unescaped — DEL
     and non-ASCII characters, which ``json.dumps`` escapes — is escaped afterwards, as
-    ``json.dumps`` does (``test_stitch.py`` holds the two to the same bytes on random values).
+    ``json.dumps`` does (``test_message_chain.py`` holds the two to the same bytes on random
+    values).
     On an OpenCode-sized request (61 messages, 50 KB) the hash chain was ~20 % of a call's CPU.
     ``floats``: whether ``value`` may hold a float (None: look).
     """
