@@ -112,6 +112,7 @@ def check_drift(
         print(
             f"  {record['agent_id']} {record['role']} prompt={len(record['prompt_token_ids'])} "
             f"stitched={info.get('stitched')} reason={info.get('reason')}"
+            f" renders={info.get('renders')}"
         )
     mode = proxy.settings.continuation
     assert report["modes"] == {mode: len(infos)}
