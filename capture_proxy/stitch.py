@@ -290,7 +290,7 @@ def stitch_on_render(
     trailer is then reported as part of the suffix.
     """
     try:
-        cut = list(full_ids).index(end_of_turn_id, own_len)
+        cut = full_ids.index(end_of_turn_id, own_len)
     except ValueError:
         return None
     base = _base(prompt_ids, completion_ids, end_of_turn_id)
