@@ -110,6 +110,7 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     # a stitch of a head shape seen before takes the full render alone (checked exact below)
     renders = [c["continuation"].get("renders") for c in calls.values() if c["continuation"]]
     assert sorted(r for r in renders if r) in ([1, 1, 2, 2, 2, 2], [1, 1, 1, 2, 2, 2]), renders
+    assert report["stitched_on_one_render"] == renders.count(1)
 
 
 def test_stitched_prompt_is_base_plus_completion_plus_rendered_suffix(

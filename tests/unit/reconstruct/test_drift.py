@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from capture_contracts.bundle import SCHEMA, ContinuationRecord, parse_continuation
+from capture_contracts.drift import CallDrift, drift_report
 from capture_contracts.errors import InvalidBundle
 from reconstruct import reconstruct_episode
 
@@ -103,3 +104,20 @@ def test_a_continuation_record_round_trips_with_its_render_marks() -> None:
     assert parse_continuation(older, "call c2") == ContinuationRecord(True, base_call_id="c1")
     with pytest.raises(InvalidBundle, match="render_len"):
         parse_continuation(older | {"render_len": "six"}, "call c2")
+
+
+def test_the_proxy_report_counts_stitches_on_one_render() -> None:
+    def call(record: ContinuationRecord | None) -> CallDrift:
+        return CallDrift("completed", record, None)
+
+    report = drift_report(
+        [
+            call(ContinuationRecord(False, reason="no_previous_call", mode="stitch")),
+            call(ContinuationRecord(True, base_call_id="c1", mode="stitch", renders=2)),
+            call(ContinuationRecord(True, base_call_id="c2", mode="stitch", renders=1)),
+            call(ContinuationRecord(True, base_call_id="c3", mode="stitch")),  # (older record)
+            call(None),
+        ]
+    )
+    assert (report["stitched"], report["stitched_on_one_render"]) == (3, 1)
+    assert report["fresh"] == {"no_previous_call": 1}
