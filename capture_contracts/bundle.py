@@ -60,6 +60,7 @@ _RECORD_EXTRAS = (
     "renders",
     "render_len",
     "render_digest",
+    "prefilled",
 )
 
 
@@ -75,7 +76,9 @@ class ContinuationRecord:
     of the engine's renders the stitch took (1: the full render alone, 2: with the head render),
     and ``render_len`` / ``render_digest`` (a stitched call: its prompt is not the engine's
     render of its request) name that render, which the next call's render must begin with for
-    it to take one.
+    it to take one. ``prefilled``: the request did not end at a generation prompt
+    (``continue_final_message``, or ``add_generation_prompt`` false), so its render ends inside
+    a message and no later call is cut on it.
     """
 
     stitched: bool
@@ -90,6 +93,7 @@ class ContinuationRecord:
     renders: int | None = None
     render_len: int | None = None
     render_digest: str | None = None
+    prefilled: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -210,6 +214,12 @@ def _req_str(value: Any, key: str, where: str) -> str:
     out = _str(value, key, where)
     assert out is not None
     return out
+
+
+def _flag(value: Any, key: str, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidBundle(f"{where}: field {key!r} must be a boolean or null", param=key)
 
 
 def _int(value: Any, key: str, where: str, *, nullable: bool = False) -> int | None:
@@ -360,6 +370,7 @@ def parse_continuation(value: Any, where: str = "call") -> ContinuationRecord | 
         renders=count("renders"),
         render_len=count("render_len"),
         render_digest=text("render_digest"),
+        prefilled=_flag(value.get("prefilled"), "continuation.prefilled", where),
     )
 
 

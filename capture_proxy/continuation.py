@@ -61,7 +61,8 @@ _TEXT_PARTS = frozenset(
 )
 _MEDIA_WORDS = ("image", "audio", "video", "file", "embeds")
 #: Head shapes (:func:`~capture_proxy.stitch.head_shape`) whose one-render cut is known, kept
-#: per process; past this many the knowledge is dropped and learned again.
+#: per process; past this many, those known to agree are dropped and learned again (a
+#: disagreement is kept).
 _MAX_SHAPES = 4096
 #: Of a shape's stitches on one render, every this many-th takes both renders again and checks
 #: the cut (a template whose rendering of a reply depends on more than its shape shows there).
@@ -107,9 +108,15 @@ class _TokenPathUnavailable(Exception):
 
 
 def _own_render(record: ContinuationRecord) -> OwnRender | None:
-    if record.render_len is None or record.render_digest is None:
+    if record.prefilled or record.render_len is None or record.render_digest is None:
         return None
     return OwnRender(record.render_len, record.render_digest)
+
+
+def _rendered_prompt(record: ContinuationRecord) -> bool:
+    """Whether a call's prompt is the engine's render of its request, ending at the generation
+    prompt (it was not stitched, nor prefilled)."""
+    return not record.stitched and not record.prefilled
 
 
 def _prior(call: CompletedChatCall) -> PriorCall | None:
@@ -125,7 +132,7 @@ def _prior(call: CompletedChatCall) -> PriorCall | None:
         prefix_hash=record.prefix_hash,
         reply_hash=call.reply_hash,
         tools_hash=record.tools_hash or "",
-        rendered_prompt=not record.stitched,
+        rendered_prompt=_rendered_prompt(record),
         render=_own_render(record),
     )
 
@@ -237,7 +244,7 @@ class Continuations:
                     prefix_hash=record.prefix_hash,
                     reply_hash=gen.reply_hash,
                     tools_hash=record.tools_hash or "",
-                    rendered_prompt=not record.stitched,
+                    rendered_prompt=_rendered_prompt(record),
                     render=_own_render(record),
                 )
             )
@@ -257,12 +264,15 @@ class Continuations:
         messages: list[dict[str, Any]] = body["messages"]
         hashes = chain(messages)
         tools = tools_hash(body)
+        prefilled = body.get("continue_final_message") is True
+        prefilled = prefilled or body.get("add_generation_prompt") is False
         record = ContinuationRecord(
             stitched=False,
             mode=self.mode,
             messages=len(messages),
             prefix_hash=hashes[-1],
             tools_hash=tools,
+            prefilled=prefilled or None,
         )
         plan = Plan(record, prefix_hash=hashes[-1])
         replies = any(message.get("role") == "assistant" for message in messages)
@@ -293,8 +303,8 @@ class Continuations:
             base_len=stitched.base_len,
             suffix_len=len(stitched.trailer) + len(stitched.suffix),
             renders=renders,
-            render_len=own.length,
-            render_digest=own.digest,
+            render_len=None if prefilled else own.length,
+            render_digest=None if prefilled else own.digest,
         )
         forwarded = body.get("kv_transfer_params")
         forwarded = forwarded if isinstance(forwarded, dict) else {}
@@ -378,10 +388,15 @@ class Continuations:
         return stitched, 2, mark
 
     def _learn(self, shape: str, agrees: bool) -> None:
-        if len(self._one_render) >= _MAX_SHAPES:
-            self._one_render.clear()
-            self._unchecked.clear()
+        """A disagreement sticks: a stitch of the shape learning at the same time that agreed
+        does not undo it, nor does dropping what is known when too many shapes are."""
         was = self._one_render.get(shape)
+        agrees = agrees and was is not False
+        if was is None and len(self._one_render) >= _MAX_SHAPES:
+            self._one_render = {k: v for k, v in self._one_render.items() if v is False}
+            self._unchecked.clear()
+            if len(self._one_render) >= _MAX_SHAPES:
+                return  # (not kept: the shape stays unknown, every stitch takes both renders)
         self._one_render[shape] = agrees
         self._unchecked[shape] = 0
         if was and not agrees:

@@ -25,7 +25,7 @@ later stitches of the shape checks it again: ``continuation.RECHECK_EVERY``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,20 +316,61 @@ _NOT_RENDERED = frozenset(
 )  # fmt: skip
 
 
+def _texts(value: Any) -> Iterator[str]:
+    """Every text in a message: its string leaves, and those of JSON held in a string (tool-call
+    arguments: the engine parses them, and the template writes them out again unescaped)."""
+    if isinstance(value, str):
+        yield value
+        if value[:1] in ("{", "["):
+            try:
+                parsed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return
+            if not isinstance(parsed, str):
+                yield from _texts(parsed)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+
+
+def _opens_with_tag(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):
+        content = next((p.get("text") for p in content if isinstance(p, dict)), None)
+    return isinstance(content, str) and content.lstrip().startswith("<")
+
+
 def head_shape(body: dict[str, Any], reply_index: int, end_of_turn: str) -> str | None:
     """What decides how the template renders the returned message (``messages[reply_index]``)
-    and where its rendering ends: the fields that reach the template, the message's own
-    fields and whether its text holds a closing tag (``</think>``, ``</tool_call>``: templates
-    split on those), and the roles appended after it. None when the message's text holds the
-    end-of-turn token itself: its rendering would then hold two.
+    and where its rendering ends:
+
+    - the request fields that reach the template;
+    - each of the message's fields by name, type and truthiness (templates tell an absent field
+      from ``None``, ``""`` or ``[]``), its number of tool calls, and whether its text holds a
+      closing tag (``</think>``, ``</tool_call>``: templates split on those);
+    - the messages appended after it, in order, by role and by whether their text opens with a
+      tag (Qwen3 tells a user turn from a tool result wrapped in ``<tool_response>``).
+
+    None when the message's text (tool-call arguments included, parsed) holds the end-of-turn
+    token itself: its rendering would then hold two.
     """
     messages = body["messages"]
     reply = messages[reply_index]
-    text = canonical_json(reply).decode()
-    if end_of_turn in text:
+    texts = list(_texts(reply))
+    if any(end_of_turn in text for text in texts):
         return None
     fields = {k: v for k, v in body.items() if k != "messages" and k not in _NOT_RENDERED}
-    kept = sorted(k for k, v in reply.items() if v not in (None, "", [], {}))
-    after = sorted({str(m.get("role")) for m in messages[reply_index + 1 :]})
-    shape = canonical_json([fields, kept, "</" in text, after])
+    kept = sorted((str(k), type(v).__name__, bool(v)) for k, v in reply.items())
+    calls = reply.get("tool_calls")
+    tagged = any("</" in text for text in texts)
+    after = [
+        (str(m.get("role")) if isinstance(m, dict) else "?", _opens_with_tag(m))
+        for m in messages[reply_index + 1 :]
+    ]
+    count = len(calls) if isinstance(calls, list) else -1
+    shape = canonical_json([fields, kept, count, tagged, after])
     return hashlib.sha256(shape).hexdigest()[:32]

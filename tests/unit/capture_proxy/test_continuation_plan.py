@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
 
-from capture_proxy.continuation import RECHECK_EVERY, Continuations, Plan, rendered_by_engine
+from capture_contracts.bundle import ContinuationRecord
+from capture_proxy.continuation import (
+    RECHECK_EVERY,
+    Continuations,
+    Plan,
+    _prior,
+    rendered_by_engine,
+)
 from capture_proxy.settings import Settings
-from capture_proxy.stitch import Extends, OwnRender, PriorCall, Stitched
-from capture_proxy.store.records import Generation
+from capture_proxy.stitch import Extends, OwnRender, PriorCall, Priors, Stitched
+from capture_proxy.store.records import CompletedChatCall, Generation
 from capture_proxy.upstream.client import UpstreamReply
 
 
@@ -305,3 +313,69 @@ def test_where_two_renders_fall_back_one_render_is_never_taken() -> None:
     outcomes = [asyncio.run(stitch()) for _ in range(3)]
     assert [o[1] for o in outcomes] == [2, 2, 2]
     assert engine.renders == [True, False] * 4
+
+
+@pytest.mark.parametrize(
+    ("record", "rendered_prompt", "render"),
+    [
+        (ContinuationRecord(False, mode="stitch"), True, None),  # rendered fresh
+        (ContinuationRecord(True, renders=1, render_len=3, render_digest="d"), False, (3, "d")),
+        (ContinuationRecord(True, renders=2), False, None),  # (a record from before the marks)
+        # prefilled (continue_final_message): the render ends inside a message, never a cut
+        (ContinuationRecord(False, prefilled=True), False, None),
+        (ContinuationRecord(True, render_len=3, render_digest="d", prefilled=True), False, None),
+    ],
+)
+def test_what_a_recorded_call_offers_a_later_cut(
+    record: ContinuationRecord, rendered_prompt: bool, render: tuple[int, str] | None
+) -> None:
+    """Read from the store (``_prior``) or just completed here (``remember``), the same."""
+    record = replace(record, messages=1, prefix_hash="p")
+    stored = _prior(CompletedChatCall("c", 1, "policy", record, "r"))
+    continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
+    continuations._priors[("e", "a")] = Priors()
+    continuations.remember("e", "a", "policy", Plan(record), ["c"], [_GEN], [1])
+    remembered = continuations._priors[("e", "a")].latest
+    for prior in (stored, remembered):
+        assert prior is not None and prior.rendered_prompt is rendered_prompt
+        assert prior.render == (OwnRender(*render) if render else None)
+
+
+_GEN = Generation([1, 2], [3], [-0.1], "stop", reply_hash="r")
+
+
+def test_a_prefilled_request_is_recorded_so() -> None:
+    continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
+    final = {"role": "assistant", "content": "The answer is"}
+
+    async def plan(**fields: Any) -> ContinuationRecord | None:
+        return (await continuations.plan("e", "chat", "a", _body(USER, final, **fields))).record
+
+    store = _NoCalls()
+    continuations.store = store  # type: ignore[assignment]
+    assert asyncio.run(plan(continue_final_message=True, add_generation_prompt=False)).prefilled
+    assert asyncio.run(plan(add_generation_prompt=False)).prefilled
+    assert asyncio.run(plan()).prefilled is None
+
+
+class _NoCalls:
+    """A store double with no recorded calls (the agent's first call continues none)."""
+
+    def changes_elsewhere(self) -> int | None:
+        return None
+
+    async def chat_calls_since(self, *args: Any) -> list[Any]:
+        return []
+
+
+def test_a_disagreement_sticks() -> None:
+    """A stitch of the shape that agreed, learning at the same time, does not undo it; nor
+    does dropping what is known when too many shapes are (only agreements are dropped)."""
+    continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
+    continuations._learn("s", False)
+    continuations._learn("s", True)
+    assert continuations._one_render == {"s": False}
+    for i in range(4095):
+        continuations._learn(f"agrees-{i}", True)
+    continuations._learn("one more", True)  # past the bound: the agreements are dropped
+    assert continuations._one_render == {"s": False, "one more": True}

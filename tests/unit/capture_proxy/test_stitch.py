@@ -193,9 +193,33 @@ def test_head_shape_holds_what_reaches_the_template() -> None:
         shape(messages=[USER, {"role": "assistant", "content": "<think>a</think>b"}, RESULT]),
     ]
     assert plain not in others and len(set(others)) == len(others)
-    assert shape(messages=[USER, reply | {"tool_calls": []}, RESULT]) == plain  # (empty)
-    eot_text = {"role": "assistant", "content": "a <|im_end|> b"}
-    assert shape(messages=[USER, eot_text, RESULT]) is None
+    # templates tell an absent field from an empty one, one tool call from two, a user turn
+    # from a tool result wrapped in a tag (Qwen3), one appended message from two
+    call = {"id": "1", "function": {"name": "f", "arguments": "{}"}}
+    finer = [
+        shape(messages=[USER, reply | {"tool_calls": []}, RESULT]),
+        shape(messages=[USER, reply | {"tool_calls": None}, RESULT]),
+        shape(messages=[USER, reply | {"reasoning_content": ""}, RESULT]),
+        shape(messages=[USER, reply | {"tool_calls": [call]}, RESULT]),
+        shape(messages=[USER, reply | {"tool_calls": [call, call]}, RESULT]),
+        shape(messages=[USER, reply, {"role": "user", "content": "<tool_response>x"}]),
+        shape(messages=[USER, reply, {"role": "user", "content": "x"}]),
+        shape(messages=[USER, reply, RESULT, RESULT]),
+    ]
+    assert plain not in finer and len(set(finer)) == len(finer)
+    # the end-of-turn token in the reply's text, wherever it is: no shape (two renders)
+    eot = "<|im_end|>"
+    for text in (f"a {eot} b", "<think>" + eot):
+        assert shape(messages=[USER, {"role": "assistant", "content": text}, RESULT]) is None
+    escaped = '{"code": "\\u003c|im_end|>"}'  # (a JSON escape in tool-call arguments)
+    with_call = reply | {"tool_calls": [{"function": {"name": "f", "arguments": escaped}}]}
+    assert shape(messages=[USER, with_call, RESULT]) is None
+    sentence = "<｜end▁of▁sentence｜>"  # (DeepSeek's: not ASCII)
+    assert (
+        head_shape(body | {"messages": [USER, reply | {"content": sentence}, RESULT]}, 1, sentence)
+        is None
+    )
+    assert head_shape(body, 1, sentence) is not None
 
 
 def test_streamed_reply_equals_whole_reply() -> None:
