@@ -38,7 +38,6 @@ from capture_proxy.stitch import (
     ReplyAccumulator,
     Stitched,
     head_shape,
-    marks,
     reply_message,
     stitch_on_render,
     stitch_prompt,
@@ -147,8 +146,8 @@ def _own_end(
         n = len(prompt)
         begins = base.rendered_prompt and full_ids[:n] == prompt
         return (n if begins else None), OwnRender.of(full_ids)
-    head, mark = marks(full_ids, own.length)
-    return (own.length if head == own else None), mark
+    begins = own.length <= len(full_ids) and OwnRender.of(full_ids[: own.length]) == own
+    return (own.length if begins else None), OwnRender.of(full_ids)
 
 
 class Continuations:

@@ -107,25 +107,6 @@ def render_digest(ids: list[int]) -> str:
     return hashlib.sha256(orjson.dumps(ids)).hexdigest()[:32]
 
 
-def marks(ids: list[int], at: int) -> tuple[OwnRender, OwnRender]:
-    """The marks of ``ids[:at]`` and of ``ids``, each id written and hashed once."""
-    at = min(at, len(ids))
-    head, tail = orjson.dumps(ids[:at]), orjson.dumps(ids[at:])
-    hasher = hashlib.sha256(head[:-1])
-    whole = hasher.copy()
-    hasher.update(b"]")
-    if at == 0:
-        whole = hashlib.sha256(tail)
-    elif at < len(ids):
-        whole.update(b"," + tail[1:])
-    else:
-        whole.update(b"]")
-    return (
-        OwnRender(at, hasher.hexdigest()[:32]),
-        OwnRender(len(ids), whole.hexdigest()[:32]),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class PriorCall:
     """What stitching needs to know of one completed chat call of the agent."""

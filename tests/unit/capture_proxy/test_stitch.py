@@ -19,7 +19,6 @@ from capture_proxy.stitch import (
     Stitched,
     choose_base,
     head_shape,
-    marks,
     render_digest,
     reply_message,
     stitch_on_render,
@@ -166,9 +165,6 @@ def test_own_render_is_known_by_length_and_digest() -> None:
     assert OwnRender.of([1, 2, 3, 2**31 - 2]) != mark and OwnRender.of(ids[:3]) != mark
     # the stored format: SHA-256 of the compact JSON array, 32 hex digits
     assert render_digest([1, 2, 3]) == hashlib.sha256(b"[1,2,3]").hexdigest()[:32]
-    for at in range(6):  # (written and hashed once, the same marks)
-        assert marks(ids, at) == (OwnRender.of(ids[:at]), mark)
-    assert marks([], 0) == (OwnRender.of([]), OwnRender.of([]))
 
 
 def test_head_shape_holds_what_reaches_the_template() -> None:
