@@ -26,6 +26,7 @@ from capture_proxy.api.openai_schemas import MESSAGES_RESPONSES, TRANSLATED_ANSW
 from capture_proxy.errors import UpstreamError
 from capture_proxy.proxy import CaptureService
 from capture_proxy.translate import messages as tm
+from capture_proxy.translate.messages_stream import MessageStream
 from capture_proxy.upstream import TOKENIZE
 
 router = APIRouter(tags=["anthropic"], responses={**MESSAGES_RESPONSES, **TRANSLATED_ANSWER})
@@ -48,7 +49,7 @@ async def _messages(service: CaptureService, request: Request, episode: str | No
         outcome,
         whole=lambda answer: tm.from_chat_answer(answer, model),
         error=tm.error_from_openai,
-        stream=lambda: tm.MessageStream(model),
+        stream=lambda: MessageStream(model),
     )
 
 

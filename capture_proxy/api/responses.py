@@ -18,6 +18,7 @@ from capture_proxy.api.edge import capture_call, episode_of, json_body, translat
 from capture_proxy.api.openai_schemas import TRANSLATED_ANSWER, UPSTREAM_RESPONSES
 from capture_proxy.proxy import CaptureService
 from capture_proxy.translate import responses as tr
+from capture_proxy.translate.responses_stream import ResponseStream
 
 router = APIRouter(tags=["responses"], responses={**UPSTREAM_RESPONSES, **TRANSLATED_ANSWER})
 
@@ -38,7 +39,7 @@ async def _responses(service: CaptureService, request: Request, episode: str | N
         outcome,
         whole=lambda answer: tr.from_chat_answer(answer, echo),
         error=_openai_error,
-        stream=lambda: tr.ResponseStream(echo),
+        stream=lambda: ResponseStream(echo),
     )
 
 

@@ -10,6 +10,7 @@ commit before the harness's last byte, and exact-token continuation (stitch) —
 second capture path to keep in step with the first.
 
 Each module is pure (JSON in, JSON out; no I/O): ``messages`` (Anthropic Messages) and
-``responses`` (OpenAI Responses), each with the request translation, the whole-answer
-translation and a stream translator fed one chat chunk at a time.
+``responses`` (OpenAI Responses) hold the request translation and the whole-answer translation;
+``messages_stream`` and ``responses_stream`` the stream translators, fed one chat chunk at a
+time.
 """

@@ -9,6 +9,7 @@ import pytest
 
 from capture_proxy.errors import BadRequest
 from capture_proxy.translate import messages as tm
+from capture_proxy.translate.messages_stream import MessageStream
 
 TOOLS = [
     {
@@ -262,7 +263,7 @@ def stream_chunks() -> list[dict[str, Any]]:
 
 
 def test_stream_events_follow_the_messages_protocol() -> None:
-    stream = tm.MessageStream("tiny")
+    stream = MessageStream("tiny")
     events = [e for chunk in stream_chunks() for e in stream.feed(chunk)]
     assert "message_stop" not in [name for name, _ in events]  # only after [DONE]
     events += stream.finish()
@@ -300,7 +301,7 @@ def test_stream_events_follow_the_messages_protocol() -> None:
 
 
 def test_stream_error_event_has_the_anthropic_shape() -> None:
-    stream = tm.MessageStream("tiny")
+    stream = MessageStream("tiny")
     [(name, data)] = stream.error({"error": {"message": "closed", "type": "conflict_error"}})
     assert name == "error"
     assert data == {

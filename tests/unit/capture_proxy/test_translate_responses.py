@@ -9,6 +9,7 @@ import pytest
 
 from capture_proxy.errors import BadRequest
 from capture_proxy.translate import responses as tr
+from capture_proxy.translate.responses_stream import ResponseStream
 
 EXEC = {
     "type": "function",
@@ -174,7 +175,7 @@ def test_length_stop_is_incomplete() -> None:
 
 
 def test_stream_events_follow_the_responses_protocol() -> None:
-    stream = tr.ResponseStream(tr.Request.of(codex_request()))
+    stream = ResponseStream(tr.Request.of(codex_request()))
     chunks = [
         {
             "id": "chatcmpl-s",
@@ -243,7 +244,7 @@ def test_stream_events_follow_the_responses_protocol() -> None:
 
 
 def test_stream_error_is_response_failed() -> None:
-    stream = tr.ResponseStream(tr.Request.of(codex_request()))
+    stream = ResponseStream(tr.Request.of(codex_request()))
     events = stream.error({"error": {"message": "engine gone", "type": "upstream_error"}})
     assert [n for n, _ in events][-1] == "response.failed"
     assert events[-1][1]["response"]["error"]["message"] == "engine gone"
