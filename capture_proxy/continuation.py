@@ -28,6 +28,7 @@ from typing import Any
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
 from capture_proxy.message_chain import chain, chain_next, tools_hash
+from capture_proxy.render_shapes import RenderShapes
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
@@ -59,13 +60,6 @@ _TEXT_PARTS = frozenset(
     {"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"}
 )
 _MEDIA_WORDS = ("image", "audio", "video", "file", "embeds")
-#: Head shapes (:func:`~capture_proxy.stitch.head_shape`) whose one-render cut is known, kept
-#: per process; past this many, those known to agree are dropped and learned again (a
-#: disagreement is kept).
-_MAX_SHAPES = 4096
-#: Of a shape's stitches on one render, every this many-th takes both renders again and checks
-#: the cut (a template whose rendering of a reply depends on more than its shape shows there).
-RECHECK_EVERY = 32
 
 
 @dataclass(slots=True)
@@ -169,10 +163,7 @@ class Continuations:
         self._priors: OrderedDict[tuple[str, str | None], Priors] = OrderedDict()
         self._max_agents = settings.continuation_cache_agents
         self._warned_ids_ignored = False
-        #: Per head shape: whether the one-render cut gave the two renders' ids (learned), and
-        #: how many of its stitches took one render since it was last checked.
-        self._one_render: dict[str, bool] = {}
-        self._unchecked: dict[str, int] = {}
+        self.shapes = RenderShapes()  # per head shape: one render or two (learned)
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -345,13 +336,8 @@ class Continuations:
         """
         base = choice.base
         shape = head_shape(body, base.messages, self.end_of_turn)
-        known = None if shape is None else self._one_render.get(shape)
-        one = known is True and (base.rendered_prompt or base.render is not None)
-        learning = shape is not None and known is None
-        if one and shape is not None:
-            unchecked = self._unchecked[shape] = self._unchecked.get(shape, 0) + 1
-            if unchecked >= RECHECK_EVERY:
-                one, learning = False, True
+        base_render_known = base.rendered_prompt or base.render is not None
+        one, learning = self.shapes.renders(shape, base_render_known)
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}
         head_body = whole | {
             "messages": body["messages"][: base.messages + 1],
@@ -381,38 +367,10 @@ class Continuations:
         if learning and shape is not None and on_render is not None:
             # (two renders that fall back, where one would have stitched, disagree too)
             two = stitched.prompt_ids if isinstance(stitched, Stitched) else None
-            self._learn(shape, on_render.prompt_ids == two)
+            self.shapes.learn(shape, on_render.prompt_ids == two)
         if isinstance(stitched, Fresh):
             return stitched.reason
         return stitched, 2, mark
-
-    def _learn(self, shape: str, agrees: bool) -> None:
-        """A disagreement sticks: a stitch of the shape learning at the same time that agreed
-        does not undo it, nor does dropping what is known when too many shapes are."""
-        was = self._one_render.get(shape)
-        agrees = agrees and was is not False
-        if was is None and len(self._one_render) >= _MAX_SHAPES:
-            self._one_render = {k: v for k, v in self._one_render.items() if v is False}
-            self._unchecked.clear()
-            if len(self._one_render) >= _MAX_SHAPES:
-                return  # (not kept: the shape stays unknown, every stitch takes both renders)
-        self._one_render[shape] = agrees
-        self._unchecked[shape] = 0
-        if was and not agrees:
-            log.warning(
-                "a recheck found the one-render cut wrong for a head shape it had been right"
-                " for: the chat template renders these replies by more than their shape. Calls"
-                " of this shape take both renders from now on (up to %d stitched since the"
-                " last check may have been cut otherwise; shape %s)",
-                RECHECK_EVERY - 1,
-                shape,
-            )
-        elif not agrees:
-            log.info(
-                "the chat template renders an assistant message differently when it is not the"
-                " last one: calls of this shape keep the head render (shape %s)",
-                shape,
-            )
 
     # -- recording --------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ first end-of-turn token after that prefix (:func:`stitch_on_render`). The second
 template's, not the request's, and is learned, never assumed: per :func:`head_shape` (the fields
 that reach the template, the returned message's shape, the roles appended after it), a stitch
 that made both renders shows whether the one-render cut gives the same ids (and one in so many
-later stitches of the shape checks it again: ``continuation.RECHECK_EVERY``).
+later stitches of the shape checks it again: :mod:`capture_proxy.render_shapes`).
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ import pytest
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_proxy.continuation import (
-    RECHECK_EVERY,
     Continuations,
     Plan,
     _prior,
     rendered_by_engine,
 )
+from capture_proxy.render_shapes import RECHECK_EVERY
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import Extends, OwnRender, PriorCall, Priors, Stitched
 from capture_proxy.store.records import CompletedChatCall, Generation
@@ -76,7 +76,7 @@ def test_an_engine_that_ignored_the_stitched_ids_is_reported_once(
     continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
     plan = Plan(None, prefix_hash="h", body={"kv_transfer_params": {"prompt_token_ids": [1, 2]}})
     same = Generation([1, 2], [3], [-0.1], "stop")
-    with caplog.at_level(logging.WARNING, logger="capture_proxy.continuation"):
+    with caplog.at_level(logging.WARNING, logger="capture_proxy.render_shapes"):
         [hashed] = continuations.replies(plan, [same], {"choices": [{"message": {}}]})
         assert hashed.reply_hash and not caplog.records
         other = Generation([1, 9, 2], [3], [-0.1], "stop")
@@ -285,7 +285,7 @@ def test_a_shape_is_checked_again_every_so_many_stitches(caplog: pytest.LogCaptu
     assert [r for _, r in learned] == [2] + [1] * (RECHECK_EVERY - 1) + [2]  # one recheck
     assert all(ids == _expected(engine, engine.base_prompt) for ids, _ in learned)
     engine.split_calls = True
-    with caplog.at_level(logging.WARNING, logger="capture_proxy.continuation"):
+    with caplog.at_level(logging.WARNING, logger="capture_proxy.render_shapes"):
         rechecked = asyncio.run(stitches(RECHECK_EVERY + 2))
     assert len(caplog.records) == 1 and "recheck found the one-render cut wrong" in caplog.text
     # one render until the next check (those cuts are wrong now), then both renders for good
@@ -366,16 +366,3 @@ class _NoCalls:
 
     async def chat_calls_since(self, *args: Any) -> list[Any]:
         return []
-
-
-def test_a_disagreement_sticks() -> None:
-    """A stitch of the shape that agreed, learning at the same time, does not undo it; nor
-    does dropping what is known when too many shapes are (only agreements are dropped)."""
-    continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
-    continuations._learn("s", False)
-    continuations._learn("s", True)
-    assert continuations._one_render == {"s": False}
-    for i in range(4095):
-        continuations._learn(f"agrees-{i}", True)
-    continuations._learn("one more", True)  # past the bound: the agreements are dropped
-    assert continuations._one_render == {"s": False, "one more": True}
