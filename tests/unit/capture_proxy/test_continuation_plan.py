@@ -76,7 +76,7 @@ def test_an_engine_that_ignored_the_stitched_ids_is_reported_once(
     continuations = Continuations(Settings(), None, None)  # type: ignore[arg-type]
     plan = Plan(None, prefix_hash="h", body={"kv_transfer_params": {"prompt_token_ids": [1, 2]}})
     same = Generation([1, 2], [3], [-0.1], "stop")
-    with caplog.at_level(logging.WARNING, logger="capture_proxy.render_shapes"):
+    with caplog.at_level(logging.WARNING, logger="capture_proxy.continuation"):
         [hashed] = continuations.replies(plan, [same], {"choices": [{"message": {}}]})
         assert hashed.reply_hash and not caplog.records
         other = Generation([1, 9, 2], [3], [-0.1], "stop")
