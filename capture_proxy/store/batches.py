@@ -35,6 +35,11 @@ class Op:
     #: Its one-statement form (PostgreSQL, for a batch of this one operation), or None.
     at_once: Callable[[Db], Any] | None = None
 
+    @property
+    def needs_sync(self) -> bool:
+        """Whether its commit must reach the disk: a synced write (a read never needs it)."""
+        return self.writes and self.synced
+
 
 @dataclass(slots=True)
 class Outcome:

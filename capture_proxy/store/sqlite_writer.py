@@ -1,20 +1,20 @@
 """The SQLite executor of the store's writer: one thread, one ``sqlite3`` connection, plain SQL.
 
-A dedicated thread applies the queued operations (``batches.py``) in batches, with plain SQL (no
-ORM unit of work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write
-lock, so the episode counters stay exact when several processes share the file. While that
-thread has nothing to do, an operation that needs no fsync (an admission; the look for calls
-another process completed) is done at once on the caller's thread instead, on the same
-connection (:class:`SqliteInline`), if the write lock is free: no wake-up of the writer thread
-and of the loop (~0.1 ms of CPU per call when calls come one at a time); under load, operations
-go to the thread and share its batches. So does a lone call's completion (``alone``: no other
-call in flight in the process), with its fsync waited out on the loop's thread, where nothing
-else waits (~0.15 ms of CPU a call fewer at c=1). Commits there never checkpoint the WAL; every
-``INLINE_WRITES_PER_CHECKPOINT`` of them, the writer thread is asked to (``checkpoint_soon``). As
-every write of the capture path is this connection's, its ``PRAGMA data_version`` tells whether
-anything else committed to the file since (``Writer.changes_elsewhere``): when nothing did, the
-look for calls completed elsewhere is skipped (~0.1 ms per call of an agent whose call continues
-none of its own).
+A dedicated thread applies the queued operations (``batches.py``) in batches, with plain SQL (no ORM
+unit of work, no thread hop per statement). ``BEGIN IMMEDIATE`` takes the database write lock, so
+the episode counters stay exact when several processes share the file. While that thread has nothing
+to do, an operation that needs no fsync (an admission; the look for calls another process completed;
+a stitched call's read of its base's tokens) is done at once on the caller's thread instead, on the
+same connection (:class:`SqliteInline`), if the write lock is free (a read needs no lock): no
+wake-up of the writer thread and of the loop (~0.1 ms of CPU per call when calls come one at a
+time); under load, operations go to the thread and share its batches. So does a lone call's
+completion (``alone``: no other call in flight in the process), with its fsync waited out on the
+loop's thread, where nothing else waits (~0.15 ms of CPU a call fewer at c=1). Commits there never
+checkpoint the WAL; every ``INLINE_WRITES_PER_CHECKPOINT`` of them, the writer thread is asked to
+(``checkpoint_soon``). As every write of the capture path is this connection's, its ``PRAGMA
+data_version`` tells whether anything else committed to the file since
+(``Writer.changes_elsewhere``): when nothing did, the look for calls completed elsewhere is skipped
+(~0.1 ms per call of an agent whose call continues none of its own).
 
 What a commit promises under each ``synchronous`` setting is in ``writer.py``.
 """
@@ -29,7 +29,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -52,6 +52,17 @@ WAL_AUTOCHECKPOINT_PAGES = 1000
 #: Commits on the loop's thread never checkpoint; after this many of them (~7 pages each for a
 #: one-choice call: about ``WAL_AUTOCHECKPOINT_PAGES``) the writer thread is asked to.
 INLINE_WRITES_PER_CHECKPOINT = 128
+
+
+def commit_synchronous(setting: SqliteSynchronous, batch: Sequence[Op]) -> SqliteSynchronous:
+    """The ``synchronous`` a batch of writes commits with: the store's setting, except that
+    under FULL a batch with no write that needs its commit on disk — admissions, and the reads
+    queued beside them — commits without the fsync. The next synced commit (the admitted
+    call's own completion, or any other) syncs the WAL with it, as the WAL is written in order.
+    """
+    if setting == "FULL" and not any(op.needs_sync for op in batch):
+        return "NORMAL"
+    return setting
 
 
 class _Checkpoint:
@@ -232,15 +243,10 @@ class SqliteWriter:
     def _transaction(self, db: _SqliteDb, batch: list[Op]) -> list[Outcome]:
         connection = db.connection
         writes = any(op.writes for op in batch)
-        # An admission alone commits without an fsync under FULL: the next synced commit (its
-        # own completion's, or any other) syncs the WAL with it, as the WAL is written in order.
-        wanted = self.synchronous
-        if writes and wanted == "FULL" and not any(op.synced for op in batch):
-            wanted = "NORMAL"
         if writes:
             self.configure(
                 busy_ms=SQLITE_BUSY_TIMEOUT_MS,
-                synchronous=wanted,
+                synchronous=commit_synchronous(self.synchronous, batch),
                 autocheckpoint=WAL_AUTOCHECKPOINT_PAGES,
             )
         else:

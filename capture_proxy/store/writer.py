@@ -21,14 +21,14 @@ The executors, one per kind of store:
   locks its episodes' rows in one order, so processes sharing the server never deadlock.
 
 Durability — what "committed" promises (``store.sqlite_synchronous``): SQLite in WAL mode with
-``FULL`` (the default) syncs the WAL to disk at every commit that holds a completion, a failure
-or a lease change: a completed call survives a crash of the process and a loss of power. A batch
-of admissions alone commits without the sync — nothing is promised of a call before its
-completion, whose sync also covers its admission (the WAL is written and synced in order); a
-power loss can lose calls still in flight, never a completed one. ``NORMAL`` syncs only at
-checkpoints: a committed call survives a crash of the process (the WAL is in the operating
-system's cache) but the last commits before a power loss can be lost. PostgreSQL: as the
-server's ``synchronous_commit`` (``on`` by default: survives both).
+``FULL`` (the default) syncs the WAL to disk at every commit that holds a completion, a failure or a
+lease change: a completed call survives a crash of the process and a loss of power. A batch of
+admissions alone (reads beside them included) commits without the sync — nothing is promised of a
+call before its completion, whose sync also covers its admission (the WAL is written and synced in
+order); a power loss can lose calls still in flight, never a completed one. ``NORMAL`` syncs only at
+checkpoints: a committed call survives a crash of the process (the WAL is in the operating system's
+cache) but the last commits before a power loss can be lost. PostgreSQL: as the server's
+``synchronous_commit`` (``on`` by default: survives both).
 """
 
 from __future__ import annotations
@@ -209,7 +209,12 @@ class Writer:
         return result
 
     async def call_tokens(self, call_id: str) -> tuple[bytes, bytes]:
-        """A call's packed prompt and completion ids."""
+        """A call's packed prompt and completion ids (one key read: on SQLite read on this
+        thread while the writer's has nothing to do)."""
+        if self._inline is not None and self._sqlite is not None and self._sqlite.idle:
+            found = self._inline.rows(lambda db, most: [operations.call_tokens(db, call_id)], 1)
+            if found is not None:
+                return found[0]
         result: tuple[bytes, bytes] = await self._run(
             lambda db: operations.call_tokens(db, call_id), writes=False
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_proxy.errors import Conflict
+from capture_proxy.errors import Conflict, NotFound
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, ContinuationRecord, Generation
 from capture_proxy.store.repository import Store
@@ -191,4 +191,52 @@ async def test_an_admission_refused_at_once_is_answered_as_by_the_writer(
         await store.admit(ep, Admission("chat", False, 1, "policy", "a"))
     ep2 = (await store.create_episode("inline")).episode_id  # the write lock was let go
     assert await store.admit(ep2, Admission("chat", False, 1, "policy", "a"))
+    await store.aclose()
+
+
+async def test_a_calls_tokens_are_read_at_once_and_a_missing_call_is_not_found(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    """A stitched call's read of its base's tokens wakes no writer thread while it idles."""
+    store = _store(make_store, tmp_path / "capture.db")
+    ep = (await store.create_episode("inline")).episode_id
+    [call] = await store.admit(ep, Admission("chat", False, 1, "policy", "a"))
+    assert await store.complete(ep, [call], [GEN])
+    sqlite_writer = store.writer._sqlite
+    assert sqlite_writer is not None
+    await _eventually(lambda: sqlite_writer.idle)
+    submitted = sqlite_writer.submitted
+    assert await store.call_tokens(call) == ([1, 2, 3], [4])
+    with pytest.raises(NotFound):
+        await store.call_tokens("no-such-call")
+    assert sqlite_writer.submitted == submitted  # neither went to the writer thread
+    await store.aclose()
+
+
+async def test_a_read_batched_with_admissions_adds_no_fsync(
+    tmp_path: Path, make_store: Callable[..., Store]
+) -> None:
+    """Under FULL, a batch of admissions commits without the fsync (their completions' sync
+    covers them); a read queued beside them (a stitched call's base tokens) needs none either."""
+    store = _store(make_store, tmp_path / "capture.db")
+    ep = (await store.create_episode("inline")).episode_id
+    [base] = await store.admit(ep, Admission("chat", False, 1, "policy", "a"))
+    assert await store.complete(ep, [base], [GEN])  # a synced commit: FULL
+    sqlite_writer = store.writer._sqlite
+    assert sqlite_writer is not None and sqlite_writer.synchronous == "FULL"
+    assert sqlite_writer._settings["synchronous"] == "FULL"
+    sqlite_writer.using.acquire()  # the writer thread is held: what comes next is one batch
+    try:
+        first = asyncio.create_task(store.writer._run(_thread_of, writes=False))
+        await asyncio.sleep(0.2)  # taken by the writer thread, which waits for the connection
+        admitting = asyncio.create_task(store.admit(ep, Admission("chat", False, 1, "policy", "b")))
+        reading = asyncio.create_task(store.writer._run(_thread_of, writes=False))
+        await asyncio.sleep(0.1)
+        assert not (first.done() or admitting.done() or reading.done())
+    finally:
+        sqlite_writer.using.release()
+    await asyncio.wait_for(asyncio.gather(first, admitting, reading), 30)
+    assert sqlite_writer._settings["synchronous"] == "NORMAL"  # the batch's commit: no fsync
+    assert await store.complete(ep, admitting.result(), [GEN])  # synced again
+    assert sqlite_writer._settings["synchronous"] == "FULL"
     await store.aclose()
