@@ -246,8 +246,8 @@ def complete(
     now = db.now()
     seqs = []
     for call_id, gen in zip(call_ids, generations, strict=True):
+        params = _completed(db, call_id, gen, now)  # (ids it cannot keep: refused before a write)
         seq = next_seq(db, episode_id, need_open=False)
-        params = _completed(db, call_id, gen, now)
         prefix = None if base is None else params["prompt"].startswith(base)
         moved = db.run(_COMPLETE_CALL, params | {"seq": seq, "token_prefix": prefix})
         if moved != 1:  # resolved meanwhile (a close, a sweep): record nothing of this request

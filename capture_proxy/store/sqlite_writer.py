@@ -243,23 +243,24 @@ class SqliteWriter:
     def _transaction(self, db: _SqliteDb, batch: list[Op]) -> list[Outcome]:
         connection = db.connection
         writes = any(op.writes for op in batch)
-        if writes:
-            self.configure(
-                busy_ms=SQLITE_BUSY_TIMEOUT_MS,
-                synchronous=commit_synchronous(self.synchronous, batch),
-                autocheckpoint=WAL_AUTOCHECKPOINT_PAGES,
-            )
-        else:
-            self.configure(busy_ms=SQLITE_BUSY_TIMEOUT_MS)
         try:
+            if writes:
+                self.configure(
+                    busy_ms=SQLITE_BUSY_TIMEOUT_MS,
+                    synchronous=commit_synchronous(self.synchronous, batch),
+                    autocheckpoint=WAL_AUTOCHECKPOINT_PAGES,
+                )
+            else:
+                self.configure(busy_ms=SQLITE_BUSY_TIMEOUT_MS)
             connection.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
             outcomes = apply_batch(db, batch, lambda: _SqliteSavepoint(connection), self.prologue)
             connection.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
+        except Exception as exc:  # SQLite's, or a fault of an operation's own: never the thread's
+            _rollback(db)
             if len(batch) > 1:  # nothing of the batch stands: each operation again, alone
                 return [self._transaction(db, [op])[0] for op in batch]
+            if not isinstance(exc, sqlite3.Error):
+                log.error("a store operation failed", exc_info=exc)
             return [Outcome(error=StoreError(f"the store failed: {exc}"))]
         return outcomes
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from sqlalchemy import inspect
 
-from capture_proxy.errors import Conflict, NotFound
+from capture_proxy.errors import Conflict, NotFound, UpstreamError
 from capture_proxy.store.db import make_engine
 from capture_proxy.store.packing import pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
 from capture_proxy.store.records import Admission, Generation
@@ -70,15 +71,22 @@ def test_packing_round_trip() -> None:
     ids = [0, 1, 151_000, 2**31 - 1]
     assert unpack_ids(pack_ids(ids)) == ids
     assert len(pack_ids(ids)) == 4 * len(ids)
+    assert pack_ids(ids) == np.asarray(ids, dtype="<i4").tobytes()
+    assert pack_ids(np.asarray(ids)) == pack_ids(ids) and pack_ids([]) == pack_ids(None) == b""
+    for bad in ([3.5], ["7"], [2**31], [None]):  # refused, never converted
+        with pytest.raises(UpstreamError, match="not 32-bit integers"):
+            pack_ids([1, *bad])
     assert unpack_logprobs(pack_logprobs([-0.5, -1.25])) == [-0.5, -1.25]
     assert unpack_ids(b"") == [] and unpack_logprobs(None) == []
 
 
+@pytest.mark.parametrize("fault", ["store", "operation"])
 async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(
-    store_url: str, make_store: Callable[..., Store]
+    store_url: str, make_store: Callable[..., Store], fault: str
 ) -> None:
-    """Operations run without savepoints; a store error aborts the batch, which is then applied
-    one operation at a time, so only the bad one fails."""
+    """Operations run without savepoints; a store error — or a fault of an operation's own —
+    aborts the batch, which is then applied one operation at a time, so only the bad one fails,
+    and the writer goes on."""
     import asyncio
     import time
 
@@ -92,18 +100,26 @@ async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(
         time.sleep(0.3)  # the next two queue up meanwhile and share one batch
 
     def bad(db: object) -> None:
+        if fault == "operation":
+            raise RuntimeError("boom")
         db.run("INSERT INTO no_such_table (x) VALUES (:x)", {"x": 1})  # type: ignore[attr-defined]
 
     admission = Admission("chat", False, 1, "policy")
     results = await asyncio.gather(
         writer._run(slow),
         writer._run(bad),
-        writer.admit(ep, admission, ["call-good"]),
+        writer.admit(ep, admission, [f"call-good-{fault}"]),
         return_exceptions=True,
     )
     assert results[0] is None
     assert isinstance(results[1], StoreError)
-    assert results[2] == ["call-good"]
-    [call] = await store.list_calls(ep)
-    assert (call.call_id, call.status) == ("call-good", "admitted")
+    assert results[2] == [f"call-good-{fault}"]
+    with pytest.raises(StoreError):  # alone in its batch
+        await writer._run(bad)
+    assert await writer.admit(ep, admission, [f"call-after-{fault}"]) == [f"call-after-{fault}"]
+    calls = await store.list_calls(ep)
+    assert [(c.call_id, c.status) for c in calls] == [
+        (f"call-good-{fault}", "admitted"),
+        (f"call-after-{fault}", "admitted"),
+    ]
     await store.aclose()

@@ -98,6 +98,31 @@ def test_engine_json_that_is_not_an_object_fails_the_call_with_502(
     _assert_served(proxy, "ep-other")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_token_ids_that_are_not_integers_fail_the_call_with_502(
+    tmp_path: Path, engine: Process, proxy_factory: ProxyFactory, stream: bool
+) -> None:
+    """Sampled ids the store cannot keep (3.5) fail their call with the engine's fault — never a
+    silent conversion, and never the store's writer: the next calls are recorded as ever."""
+    proxy = proxy_factory(sqlite_url(tmp_path / "capture.db"), upstream_url=engine.url)
+    url = _episode(proxy, "ep-ids")
+    reply = httpx.post(url, json=_body("fake-bad-ids", stream), timeout=30)
+    if stream:  # the status went out with the stream's start: the error is its last event
+        assert reply.status_code == 200
+        error = json.loads(_events(reply.content)[-1])
+        assert "[DONE]" not in _events(reply.content)
+    else:
+        assert reply.status_code == 502
+        error = reply.json()
+    assert error["error"]["type"] == "upstream_error"
+    assert "token ids are not 32-bit integers" in error["error"]["message"]
+    call = _only_call(proxy, "ep-ids")
+    assert call["status"] == "failed"
+    assert "token ids are not 32-bit integers" in str(call["error"])
+    for _ in range(2):  # alone in the process (its commit on the loop's thread), then again
+        _assert_served(proxy, "ep-other" if _ == 0 else "ep-more")
+
+
 def test_engine_killed_mid_stream_then_restarted(
     tmp_path: Path, engine: Process, proxy_factory: ProxyFactory
 ) -> None:
