@@ -129,13 +129,32 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
 # -- extraction -----------------------------------------------------------------------------
 
 
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
+
+
 def _choice_logprobs(endpoint: Endpoint, choice: dict[str, Any]) -> list[float]:
+    """The sampled tokens' log-probabilities (numbers, never converted from text)."""
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         return []
-    if endpoint == "chat":
-        return [float(item["logprob"]) for item in logprobs.get("content") or []]
-    return [float(v) if v is not None else 0.0 for v in logprobs.get("token_logprobs") or []]
+    try:
+        if endpoint == "chat":
+            return [_number(item["logprob"]) for item in logprobs.get("content") or []]
+        return [0.0 if v is None else _number(v) for v in logprobs.get("token_logprobs") or []]
+    except (KeyError, TypeError) as exc:
+        raise UpstreamError(f"the engine's log-probabilities are not numbers: {exc}") from None
+
+
+def _ids(value: Any, what: str) -> list[Any]:
+    """A list of token ids as the engine sent it (its items are checked when packed)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise UpstreamError(f"the engine's {what} is not a list of token ids")
+    return value
 
 
 def _check(call: str, gen: Generation) -> Generation:
@@ -173,8 +192,8 @@ def generations_from_response(
     for choice in choices:
         prompt = choice.get("prompt_token_ids") or top_prompt or []
         gen = Generation(
-            prompt_token_ids=list(prompt),
-            completion_token_ids=list(choice.get("token_ids") or []),
+            prompt_token_ids=list(_ids(prompt, "prompt_token_ids")),
+            completion_token_ids=list(_ids(choice.get("token_ids"), "token_ids")),
             completion_logprobs=_choice_logprobs(endpoint, choice),
             finish_reason=choice.get("finish_reason"),
             usage=usage,
@@ -204,14 +223,14 @@ class StreamCapture:
     def feed(self, chunk: dict[str, Any]) -> None:
         choices = _objects(chunk, "stream chunk")
         if chunk.get("prompt_token_ids"):
-            self.prompt = list(chunk["prompt_token_ids"])
+            self.prompt = list(_ids(chunk["prompt_token_ids"], "prompt_token_ids"))
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in choices:
             state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
             if choice.get("prompt_token_ids"):
-                state.prompt = list(choice["prompt_token_ids"])
-            state.ids.extend(choice.get("token_ids") or [])
+                state.prompt = list(_ids(choice["prompt_token_ids"], "prompt_token_ids"))
+            state.ids.extend(_ids(choice.get("token_ids"), "token_ids"))
             state.logprobs.extend(_choice_logprobs(self.endpoint, choice))
             if choice.get("finish_reason") is not None:
                 state.finish_reason = choice["finish_reason"]
