@@ -160,6 +160,10 @@ def _ids(value: Any, what: str) -> list[Any]:
 def _check(call: str, gen: Generation) -> Generation:
     if not gen.prompt_token_ids:
         raise UpstreamError(f"{call}: the engine returned no prompt_token_ids")
+    if gen.finish_reason is not None and not isinstance(gen.finish_reason, str):
+        raise UpstreamError(f"{call}: the engine's finish_reason is not a string")
+    if gen.usage is not None and not isinstance(gen.usage, dict):
+        raise UpstreamError(f"{call}: the engine's usage is not a JSON object")
     if len(gen.completion_token_ids) != len(gen.completion_logprobs):
         raise UpstreamError(
             f"{call}: {len(gen.completion_token_ids)} token ids but "
@@ -176,6 +180,10 @@ def _objects(payload: Any, what: str) -> list[dict[str, Any]]:
     choices = payload.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise UpstreamError(f"the choices of the engine's {what} are not a list of JSON objects")
+    for choice in choices:
+        index = choice.get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise UpstreamError(f"a choice index of the engine's {what} is not an integer")
     return choices
 
 

@@ -53,8 +53,24 @@ def test_an_answer_as_the_engine_sends_it_is_captured() -> None:
         (_chat(logprobs=[{"logprob": True}, {"logprob": -1}]), "log-probabilities are not"),
         (_chat(logprobs=[{"token": "a"}, {"logprob": -1}]), "log-probabilities are not"),
         (_chat(logprobs=[-0.5, -1]), "log-probabilities are not"),
+        (_chat() | {"usage": [1]}, "usage is not a JSON object"),
+        ({"prompt_token_ids": [1], "choices": [{"index": "0"}]}, "choice index .* not an integer"),
+        (
+            {"prompt_token_ids": [1], "choices": [{"index": 0, "finish_reason": 1}]},
+            "finish_reason is not a string",
+        ),
     ],
-    ids=["ids not a list", "prompt a string", "logprob text", "logprob bool", "no logprob", "bare"],
+    ids=[
+        "ids not a list",
+        "prompt a string",
+        "logprob text",
+        "logprob bool",
+        "no logprob",
+        "bare",
+        "usage a list",
+        "index a string",
+        "finish_reason a number",
+    ],
 )
 def test_what_is_not_ids_or_numbers_is_the_engines_fault(answer: Any, message: str) -> None:
     with pytest.raises(UpstreamError, match=message):
@@ -71,3 +87,8 @@ def test_a_streamed_chunk_with_ids_that_are_not_a_list_is_the_engines_fault() ->
         capture.feed({"prompt_token_ids": 7, "choices": []})
     with pytest.raises(UpstreamError, match="log-probabilities are not numbers"):
         capture.feed({"choices": [{"index": 0, "logprobs": {"content": [{"logprob": "x"}]}}]})
+    with pytest.raises(UpstreamError, match="choice index of the engine's stream chunk"):
+        capture.feed({"choices": [{"index": None, "token_ids": [4]}]})
+    capture.feed({"choices": [{"index": 0, "finish_reason": ["stop"]}]})
+    with pytest.raises(UpstreamError, match="finish_reason is not a string"):
+        capture.generations()
