@@ -23,11 +23,15 @@ import json
 import os
 import random
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+# The store of this script's own checkout, not the installed one: a checkout of another revision
+# (``git worktree add /tmp/base <rev>``) measures that revision's store.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capture_proxy.store.db import make_engine, make_sessionmaker, upgrade_async
 from capture_proxy.store.leases import InstanceIdentity
 from capture_proxy.store.records import Admission, Generation
