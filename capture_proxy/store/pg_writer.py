@@ -26,7 +26,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import await_only, greenlet_spawn
 
-from capture_proxy.errors import StoreError
+from capture_proxy.errors import CaptureProxyError, StoreError
 from capture_proxy.store import operations
 from capture_proxy.store.batches import Op, Outcome, Prologue, apply_batch, settle
 
@@ -179,6 +179,8 @@ class PgWriter:
                 value = await greenlet_spawn(batch[0].at_once, db)
             except operations.NotAtOnce:  # it changed nothing: the transaction's form below
                 batch[0].at_once = None  # (not the same statement again in it)
+            except CaptureProxyError as exc:  # refused before its statement ran (as in a batch)
+                return [Outcome(error=exc)]
             else:
                 return [Outcome(value)]
         if not any(op.writes for op in batch):  # reads, one statement each: no transaction

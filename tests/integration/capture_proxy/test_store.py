@@ -123,3 +123,23 @@ async def test_a_store_failure_in_a_batch_fails_only_its_own_operation(
         (f"call-after-{fault}", "admitted"),
     ]
     await store.aclose()
+
+
+async def test_token_ids_the_store_cannot_keep_are_the_engines_fault_and_record_nothing(
+    store_url: str, make_store: Callable[..., Store]
+) -> None:
+    """On both stores (PostgreSQL completes a lone call in one statement): an UpstreamError,
+    the call still admitted, and the store goes on."""
+    store = make_store(store_url)
+    ep = (await store.create_episode("s")).episode_id
+    admission = Admission("chat", False, 1, "policy", "a")
+    [call] = await store.admit(ep, admission)
+    for bad in ([3.5], ["7"], [2**31]):
+        with pytest.raises(UpstreamError, match="not 32-bit integers"):
+            await store.complete(ep, [call], [Generation([1, 2], bad, [-0.1], "stop")])
+    with pytest.raises(UpstreamError, match="not 32-bit integers"):
+        await store.writer.complete(ep, [call], [Generation([1, 2.5], [3], [-0.1], "stop")])
+    [info] = await store.list_calls(ep)
+    assert info.status == "admitted"
+    assert await store.complete(ep, [call], [Generation([1, 2], [3], [-0.1], "stop")])
+    assert await store.call_tokens(call) == ([1, 2], [3])
