@@ -66,3 +66,10 @@ CLIENT_DISCONNECTED: Final = "client_disconnected"
 #: ``error`` of a call failed because the proxy instance that admitted it is gone: killed (its
 #: lease expired), restarted under the same name, or stopped with the call still unresolved.
 PROXY_RESTART: Final = "proxy_restart"
+
+#: The response header that names a request's call (its request id when it asked for ``n`` > 1
+#: choices): the stable reference a harness acknowledges the call by
+#: (``PATCH /episodes/{id}/calls/{call_id}``).
+CALL_ID_HEADER: Final = "X-Capture-Call-Id"
+#: The response header listing every call of the request, one per choice, comma-separated.
+CALL_IDS_HEADER: Final = "X-Capture-Call-Ids"

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -38,13 +37,8 @@ from capture_proxy.capture import (
     validate_body,
 )
 from capture_proxy.continuation import Continuations, Plan
-from capture_proxy.errors import (
-    BadRequest,
-    CaptureProxyError,
-    ClientGone,
-    Conflict,
-    UpstreamError,
-)
+from capture_proxy.errors import BadRequest, CaptureProxyError, Conflict, UpstreamError
+from capture_proxy.in_flight import InFlight, abandon, call_headers, client_left, gone, hung_up
 from capture_proxy.metrics import CallTimer, Metrics
 from capture_proxy.outcomes import Answer, Outcome, Piece, Stream, StreamEnd
 from capture_proxy.responses import ClientWatch
@@ -63,8 +57,6 @@ from capture_proxy.weights import WeightGate
 log = logging.getLogger(__name__)
 
 PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-CALL_ID_HEADER = "X-Capture-Call-Id"
-CALL_IDS_HEADER = "X-Capture-Call-Ids"
 # A completion the store refused: the call was resolved while it ran (cancelled by a close, or
 # failed as proxy_restart after this instance's lease lapsed); the answer is not recorded.
 _RESOLVED_MEANWHILE = (
@@ -73,42 +65,8 @@ _RESOLVED_MEANWHILE = (
 )
 
 
-@dataclass(slots=True)
-class _InFlight:
-    """One request being served by this process (one entry per request, all its choices)."""
-
-    episode_id: str
-    call_ids: list[str]
-    timer: CallTimer  # metrics: upstream time and the proxy's overhead
-    role: str
-    agent_id: str | None
-    task: asyncio.Task[Any]  # the engine's answer (whole) or stream (its headers)
-    plan: Plan | None = None  # exact-token continuation (capture_proxy/continuation.py)
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)  # by a close
-    hung_up: bool = False  # the client left while the engine worked on the call
-
-
-def _client_left(entry: _InFlight) -> None:
-    """The client is gone: stop the engine's work on its call (a task already done ignores it)."""
-    entry.hung_up = True
-    entry.task.cancel()
-
-
-def _hung_up(entry: _InFlight) -> bool:
-    """The engine's request was cancelled because the client left — and only for that (the
-    handler's own task is not being cancelled, e.g. by a shutdown)."""
-    task = asyncio.current_task()
-    return entry.hung_up and not entry.cancelled.is_set() and not (task and task.cancelling())
-
-
-def _gone(headers: Mapping[str, str]) -> Answer:
-    """The answer to a client that has left (it reaches nobody; logs and tests see it)."""
-    gone = ClientGone("the client closed the connection; the call was cancelled")
-    return Answer(gone.to_body(), gone.status_code, headers)
-
-
 def _pass_on(
-    events: list[str], entry: _InFlight, capture: StreamCapture, wants: ClientWants
+    events: list[str], entry: InFlight, capture: StreamCapture, wants: ClientWants
 ) -> tuple[list[dict[str, Any]], bool]:
     """Capture a batch of streamed chunks; what the harness gets of them, and whether [DONE] came.
 
@@ -134,25 +92,9 @@ def _token_counts(generations: list[Generation]) -> tuple[int, int]:
     return prompt, sum(len(g.completion_token_ids) for g in generations)
 
 
-async def _abandon(sending: asyncio.Task[Any], stream: bool) -> None:
-    """Abort an engine request whose call was not admitted (a stream's response is closed)."""
-    sending.cancel()
-    with anyio.CancelScope(shield=True):
-        try:
-            response = await sending
-        except BaseException:  # cancelled, or the engine's own error: nothing to keep
-            return
-        if stream:
-            await response.aclose()
-
-
 def _internal(exc: Exception) -> str:
     """The recorded reason of a call failed by a fault of the proxy's own."""
     return f"internal error: {type(exc).__name__}: {exc}"[:500]
-
-
-def _call_headers(call_ids: list[str], request_id: str) -> dict[str, str]:
-    return {CALL_ID_HEADER: request_id, CALL_IDS_HEADER: ",".join(call_ids)}
 
 
 class CaptureService:
@@ -160,7 +102,7 @@ class CaptureService:
         self.settings = settings
         self.store = store
         self.upstream = upstream
-        self._in_flight: dict[str, _InFlight] = {}
+        self._in_flight: dict[str, InFlight] = {}
         self.metrics = Metrics(
             in_flight=lambda: sum(len(e.call_ids) for e in self._in_flight.values())
         )
@@ -253,17 +195,17 @@ class CaptureService:
             )
         except BaseException:
             if sending is not None:
-                await _abandon(sending, stream)
+                await abandon(sending, stream)
             self.weights.leave()
             raise
         self.metrics.admitted(endpoint, n, plan.record, attribution.role)
         request_id = call_ids[0] if n == 1 else call_ids[0].rsplit("-", 1)[0]
-        entry = _InFlight(
+        entry = InFlight(
             episode_id, call_ids, timer, attribution.role, attribution.agent_id, sending, plan
         )
         self._in_flight[request_id] = entry
         if watch is not None:  # (its owner stops it once this returns)
-            watch.on_leave(lambda: _client_left(entry))
+            watch.on_leave(lambda: client_left(entry))
         try:
             if stream:
                 return await self._streamed(entry, request_id, endpoint, wants, n)
@@ -287,12 +229,12 @@ class CaptureService:
         send = self.upstream.open_stream if stream else self.upstream.post_json
         return await timer.upstream(send(PATHS[endpoint], plan.upstream_body(upstream_body)))
 
-    async def _fail(self, entry: _InFlight, status: FailedStatus, reason: str) -> None:
+    async def _fail(self, entry: InFlight, status: FailedStatus, reason: str) -> None:
         with anyio.CancelScope(shield=True):
             moved = await self.store.finish(entry.episode_id, entry.call_ids, status, reason)
         self.metrics.finished(status, moved, entry.role)
 
-    async def _complete(self, entry: _InFlight, generations: list[Generation]) -> bool:
+    async def _complete(self, entry: InFlight, generations: list[Generation]) -> bool:
         record = entry.plan.record if entry.plan is not None else None
         base = record.base_call_id if record is not None else None
         with self.metrics.commit_timer():
@@ -320,20 +262,20 @@ class CaptureService:
 
     async def _whole(
         self,
-        entry: _InFlight,
+        entry: InFlight,
         request_id: str,
         endpoint: Endpoint,
         wants: ClientWants,
         n: int,
     ) -> Answer:
-        headers = _call_headers(entry.call_ids, request_id)
+        headers = call_headers(entry.call_ids, request_id)
         try:
             try:
                 reply: UpstreamReply = await entry.task
             except asyncio.CancelledError:
-                if _hung_up(entry):
+                if hung_up(entry):
                     await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
-                    return _gone(headers)
+                    return gone(headers)
                 if not entry.cancelled.is_set():
                     raise
                 await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
@@ -364,25 +306,25 @@ class CaptureService:
 
     async def _streamed(
         self,
-        entry: _InFlight,
+        entry: InFlight,
         request_id: str,
         endpoint: Endpoint,
         wants: ClientWants,
         n: int,
     ) -> Answer | Stream:
-        headers = _call_headers(entry.call_ids, request_id)
+        headers = call_headers(entry.call_ids, request_id)
         try:
             response: RawResponse = await entry.task
         except CaptureProxyError as exc:
             await self._fail(entry, "failed", f"{type(exc).__name__}: {exc.message}")
             raise
         except asyncio.CancelledError:
-            if not _hung_up(entry):
+            if not hung_up(entry):
                 raise
             await self._fail(entry, "cancelled", CLIENT_DISCONNECTED)
             self._release(request_id)
             self.metrics.observe(entry.timer)
-            return _gone(headers)
+            return gone(headers)
         if response.status_code >= 400:
             raw = await response.aread()
             await response.aclose()
@@ -393,7 +335,7 @@ class CaptureService:
             return Answer(body, response.status_code, headers)
         return Stream(self._relay(entry, request_id, endpoint, response, wants, n), headers)
 
-    async def _relay_failed(self, entry: _InFlight, exc: Exception) -> dict[str, Any]:
+    async def _relay_failed(self, entry: InFlight, exc: Exception) -> dict[str, Any]:
         """Record a stream that could not finish; the error that ends it."""
         if entry.cancelled.is_set():
             await self._fail(entry, "cancelled", CANCELLED_BY_CLOSE)
@@ -409,7 +351,7 @@ class CaptureService:
 
     async def _relay(
         self,
-        entry: _InFlight,
+        entry: InFlight,
         request_id: str,
         endpoint: Endpoint,
         response: RawResponse,

@@ -16,10 +16,9 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from capture_contracts.vocabulary import Role
+from capture_contracts.vocabulary import CALL_ID_HEADER, Role
 from capture_devkit.harness.trace import CallTrace, ToolCall
 
-CALL_ID_HEADER = "x-capture-call-id"
 #: Free-text calls: enough tokens to say something, few enough to stay fast on CPU.
 FREE_MAX_TOKENS = 24
 FREE_MIN_TOKENS = 4
