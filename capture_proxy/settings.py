@@ -54,6 +54,17 @@ class UpstreamSettings(BaseModel):
         default_factory=dict,
         description="Body fields forced on every upstream request (e.g. temperature 1.0).",
     )
+    stream_interval: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Tokens per streamed chunk the engine is asked for (vLLM's `stream_interval`; the "
+            "first and last chunks go at once), on streamed requests that name none. Fewer, "
+            "larger chunks cost the engine and the proxy less per token; the harness gets its "
+            "text in bursts. None: the engine's own setting (one token per chunk by default). "
+            "Check the engine's tool-call parser with it first (docs/deploy.md)."
+        ),
+    )
     api_key: SecretStr | None = None
     transform: ImportString[Callable[..., Any]] | None = Field(
         None,

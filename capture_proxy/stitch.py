@@ -284,9 +284,9 @@ def stitch_on_render(
 #: known here — is part of a :func:`head_shape`.
 _NOT_RENDERED = frozenset(
     {
-        "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "n",
-        "max_tokens", "max_completion_tokens", "min_tokens", "stop", "stop_token_ids",
-        "ignore_eos", "include_stop_str_in_output", "logprobs", "top_logprobs",
+        "stream", "stream_options", "stream_interval", "temperature", "top_p", "top_k",
+        "min_p", "seed", "n", "max_tokens", "max_completion_tokens", "min_tokens", "stop",
+        "stop_token_ids", "ignore_eos", "include_stop_str_in_output", "logprobs", "top_logprobs",
         "prompt_logprobs", "return_token_ids", "return_tokens_as_token_ids",
         "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
         "logit_bias", "bad_words", "allowed_token_ids", "skip_special_tokens",

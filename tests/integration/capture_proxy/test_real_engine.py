@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from capture_devkit.engine import VLLMServer
+from capture_devkit.harness.client import forced_max_tokens, tool_call_text
 from tests.fixtures.db import sqlite_url
 from tests.fixtures.proxy import ProxyFactory, ProxyServer, hang_up_once_admitted
 
@@ -225,3 +226,82 @@ async def test_streamed_tool_call_is_passed_through(
     assert call["status"] == "completed"
     assert call["finish_reason"] == "tool_calls"
     assert len(call["completion_token_ids"]) == len(call["completion_logprobs"]) > 0
+
+
+def _stream_chunks(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+async def test_a_stream_interval_sends_fewer_chunks_and_records_every_token(
+    vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Any
+) -> None:
+    """``upstream.stream_interval``: the engine batches tokens into chunks; the harness gets the
+    same text and tool calls in fewer chunks, and every token is recorded with its logprob."""
+    proxy = proxy_factory(
+        sqlite_url(tmp_path / "capture.db"),
+        upstream_url=vllm_server.base_url,
+        upstream={"stream_interval": 4},
+    )
+    request = {
+        "model": vllm_server.served_model_name,
+        "messages": MESSAGES,
+        "max_tokens": 24,
+        "min_tokens": 24,
+        "seed": 1234,
+        "temperature": 1.0,
+        "stream": True,
+    }
+    calls = [("bash", {"command": "ls -la"}), ("bash", {"command": "wc -l *.py"})]
+    forced = tool_call_text(calls)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
+    forcing = {
+        **request,
+        "tools": tools,
+        "max_tokens": forced_max_tokens(forced),
+        "min_tokens": 0,
+        "structured_outputs": {"regex": re.escape(forced)},
+    }
+    async with httpx.AsyncClient(base_url=proxy.url, timeout=120) as client:
+        episode_id, base_url = await _new_episode(client)
+        free = await client.post(f"{base_url}/chat/completions", json=request)
+        tool = await client.post(f"{base_url}/chat/completions", json=forcing)
+        assert free.status_code == tool.status_code == 200, (free.text, tool.text)
+        recorded = await _calls(client, episode_id)
+    # 24 tokens, 4 to a chunk: 6 chunks of text and the role's first chunk (one a token: 25)
+    text_chunks = _stream_chunks(free.text)
+    assert len(text_chunks) <= 8, len(text_chunks)
+    direct = _direct(
+        vllm_server,
+        "/v1/chat/completions",
+        {**request, "stream": False, "return_token_ids": True, "logprobs": True},
+    )["choices"][0]
+    text = "".join(c["delta"].get("content") or "" for ch in text_chunks for c in ch["choices"])
+    assert text == direct["message"]["content"]
+    assert recorded[0]["completion_token_ids"] == direct["token_ids"]
+    assert recorded[0]["completion_logprobs"] == _f32(
+        [t["logprob"] for t in direct["logprobs"]["content"]]
+    )
+    # the forced tool calls reach the harness whole, though their text comes several tokens
+    # to a chunk (vLLM's hermes parser reads deltas of several tokens)
+    tool_chunks = _stream_chunks(tool.text)
+    assembled: dict[int, list[str]] = {}
+    for chunk in tool_chunks:
+        for choice in chunk["choices"]:
+            for delta in (choice.get("delta") or {}).get("tool_calls") or []:
+                name_args = assembled.setdefault(delta["index"], ["", ""])
+                name_args[0] += delta.get("function", {}).get("name") or ""
+                name_args[1] += delta.get("function", {}).get("arguments") or ""
+    got = [(name, json.loads(args)) for _, (name, args) in sorted(assembled.items())]
+    assert got == calls
+    call = recorded[1]
+    assert call["status"] == "completed" and call["finish_reason"] == "tool_calls"
+    assert len(call["completion_token_ids"]) == len(call["completion_logprobs"])
+    assert len(tool_chunks) < len(call["completion_token_ids"]) / 2

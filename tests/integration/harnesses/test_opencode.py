@@ -84,11 +84,16 @@ def start_proxy(
     factory: ProxyFactory,
     tmp_path: Path,
     continuation: str,
+    stream_interval: int | None = None,
 ) -> ProxyServer:
     return factory(
         sqlite_url(tmp_path / "capture.db"),
         upstream_url=vllm.base_url,
-        upstream={"transform": engine, "served_model": vllm.served_model_name},
+        upstream={
+            "transform": engine,
+            "served_model": vllm.served_model_name,
+            "stream_interval": stream_interval,
+        },
         continuation=continuation,
     )
 
@@ -134,13 +139,23 @@ def tool_outputs(events: list[dict[str, Any]], tool: str) -> list[str]:
     return [str(p["state"].get("output", "")) for p in parts if p.get("tool") == tool]
 
 
-@pytest.mark.parametrize("continuation", ["stitch", "passthrough"])
+@pytest.mark.parametrize(
+    ("continuation", "stream_interval"),
+    [("stitch", None), ("passthrough", None), ("stitch", 8)],
+    ids=["stitch", "passthrough", "stitch-8-tokens-a-chunk"],
+)
 def test_parent_only_multi_turn_with_tools(
-    vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Path, continuation: str
+    vllm_server: VLLMServer,
+    proxy_factory: ProxyFactory,
+    tmp_path: Path,
+    continuation: str,
+    stream_interval: int | None,
 ) -> None:
+    """``stream_interval`` 8 (``upstream.stream_interval``): OpenCode reads the engine's tool
+    calls and text from deltas of up to 8 tokens, and the episode is captured the same."""
     started = time.monotonic()
     engine = ScriptedEngine(PARENT_ONLY)
-    proxy = start_proxy(engine, vllm_server, proxy_factory, tmp_path, continuation)
+    proxy = start_proxy(engine, vllm_server, proxy_factory, tmp_path, continuation, stream_interval)
     episode = open_episode(proxy.url, "opencode-fruit")
     config = provider_config({"tiny": BIG})
     events = run_opencode(episode.base_url, TASK, config, tmp_path)

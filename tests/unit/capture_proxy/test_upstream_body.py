@@ -1,9 +1,13 @@
-"""The body sent to the engine: the capture fields and overrides added, the harness's body kept."""
+"""The body sent to the engine: the capture fields, a stream interval and overrides added, the
+harness's body kept."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+import pytest
+from pydantic import ValidationError
 
 from capture_proxy.capture import prepare_upstream_body
 from capture_proxy.settings import UpstreamSettings
@@ -34,3 +38,23 @@ def test_completions_keep_a_larger_logprobs_request() -> None:
         "completions", {"prompt": "x", "logprobs": 3}, UpstreamSettings(url="http://engine")
     )
     assert upstream["logprobs"] == 3 and wants.logprobs
+
+
+def test_stream_interval_is_asked_for_streamed_requests_only() -> None:
+    settings = UpstreamSettings(url="http://engine", stream_interval=8)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    streamed, _ = prepare_upstream_body("chat", {**chat, "stream": True}, settings)
+    assert streamed["stream_interval"] == 8
+    whole, _ = prepare_upstream_body("chat", {**chat, "stream": False}, settings)
+    assert "stream_interval" not in whole  # (the engine ignores it there; nothing to send)
+    own, _ = prepare_upstream_body("chat", {**chat, "stream": True, "stream_interval": 2}, settings)
+    assert own["stream_interval"] == 2  # the harness's own choice stands
+    unset, _ = prepare_upstream_body(
+        "chat", {**chat, "stream": True}, UpstreamSettings(url="http://engine")
+    )
+    assert "stream_interval" not in unset
+
+
+def test_a_stream_interval_below_one_is_refused_by_the_settings() -> None:
+    with pytest.raises(ValidationError, match="stream_interval"):
+        UpstreamSettings(url="http://engine", stream_interval=0)
