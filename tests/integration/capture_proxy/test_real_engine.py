@@ -28,6 +28,15 @@ MESSAGES = [
     {"role": "user", "content": "Count the files in the repository and report the number."},
 ]
 
+#: A tool the tests force calls of (their text through ``structured_outputs``).
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
 
 @pytest.fixture
 def proxy(vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Any) -> ProxyServer:
@@ -188,19 +197,10 @@ async def test_streamed_tool_call_is_passed_through(
     proxy: ProxyServer, vllm_server: VLLMServer
 ) -> None:
     forced = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "bash",
-                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-            },
-        }
-    ]
     request = {
         "model": vllm_server.served_model_name,
         "messages": MESSAGES,
-        "tools": tools,
+        "tools": [BASH_TOOL],
         "max_tokens": 64,
         "seed": 3,
         "stream": True,
@@ -253,18 +253,9 @@ async def test_a_stream_interval_sends_fewer_chunks_and_records_every_token(
     }
     calls = [("bash", {"command": "ls -la"}), ("bash", {"command": "wc -l *.py"})]
     forced = tool_call_text(calls)
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "bash",
-                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-            },
-        }
-    ]
     forcing = {
         **request,
-        "tools": tools,
+        "tools": [BASH_TOOL],
         "max_tokens": forced_max_tokens(forced),
         "min_tokens": 0,
         "structured_outputs": {"regex": re.escape(forced)},
