@@ -5,7 +5,8 @@ answer — whole and streamed. Each call's recorded prompt ids are compared with
 render route (``/v1/chat/completions/render``) and ``/tokenize`` of the translated request; the
 sampled ids decode (vLLM ``/detokenize``) to the text the harness received; the usage the
 harness received is the recorded token counts; in ``stitch`` mode the second turn continues on the
-first turn's exact tokens.
+first turn's exact tokens; and so with the engine streaming four tokens a chunk
+(``upstream.stream_interval``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,30 @@ SCHEMA = {"type": "object", "properties": {"basket": {"type": "string"}}, "requi
 HEADERS = {"X-Agent-Id": "solo"}
 
 
+#: (continuation, upstream.stream_interval): both modes, and the engine's streams four tokens a
+#: chunk, which the translated streams must carry as they carry one.
+MODES = pytest.mark.parametrize(
+    ("continuation", "stream_interval"),
+    [("passthrough", None), ("stitch", None), ("stitch", 4)],
+    ids=["passthrough", "stitch", "stitch-4-tokens-a-chunk"],
+)
+
+
 def start(
-    vllm: VLLMServer, factory: ProxyFactory, tmp_path: Any, continuation: str
+    vllm: VLLMServer,
+    factory: ProxyFactory,
+    tmp_path: Any,
+    continuation: str,
+    stream_interval: int | None,
 ) -> tuple[ProxyServer, str, str]:
     proxy = factory(
         sqlite_url(tmp_path / "capture.db"),
         upstream_url=vllm.base_url,
-        upstream={"transform": ScriptedEngine(SCRIPT), "served_model": vllm.served_model_name},
+        upstream={
+            "transform": ScriptedEngine(SCRIPT),
+            "served_model": vllm.served_model_name,
+            "stream_interval": stream_interval,
+        },
         continuation=continuation,
     )
     created = httpx.post(f"{proxy.url}/episodes", json={"group_id": "apis"}, timeout=30).json()
@@ -94,11 +112,17 @@ def check_exact(vllm: VLLMServer, chat: dict[str, Any], call: dict[str, Any], te
     assert text in decoded["prompt"]
 
 
-@pytest.mark.parametrize("continuation", ["passthrough", "stitch"])
+@MODES
 def test_messages_tool_turn_then_streamed_answer_are_captured_exactly(
-    vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Any, continuation: str
+    vllm_server: VLLMServer,
+    proxy_factory: ProxyFactory,
+    tmp_path: Any,
+    continuation: str,
+    stream_interval: int | None,
 ) -> None:
-    proxy, episode_id, base_url = start(vllm_server, proxy_factory, tmp_path, continuation)
+    proxy, episode_id, base_url = start(
+        vllm_server, proxy_factory, tmp_path, continuation, stream_interval
+    )
     url = base_url.removesuffix("/v1") + "/v1/messages?beta=true"
     tools = [{"name": "count_fruit", "description": "Count a basket", "input_schema": SCHEMA}]
     first = {
@@ -149,6 +173,9 @@ def test_messages_tool_turn_then_streamed_answer_are_captured_exactly(
     assert delta["usage"]["input_tokens"] == len(two["prompt_token_ids"])
     assert delta["usage"]["output_tokens"] == len(two["completion_token_ids"])
     check_exact(vllm_server, tm.to_chat_request(second), two, ANSWER)
+    if stream_interval is not None:  # (one token a chunk: 10–11 deltas for 13–14 tokens)
+        tokens = len(two["completion_token_ids"])
+        assert names.count("content_block_delta") <= tokens / stream_interval + 2
     report = httpx.get(f"{proxy.url}/episodes/{episode_id}", timeout=30).json()["continuation"]
     if continuation == "stitch":
         # The second turn is the first turn's exact prompt + sample + the new messages.
@@ -159,11 +186,17 @@ def test_messages_tool_turn_then_streamed_answer_are_captured_exactly(
         assert report["stitched"] == 0 and report["fresh"]["passthrough_mode"] == 1
 
 
-@pytest.mark.parametrize("continuation", ["passthrough", "stitch"])
+@MODES
 def test_responses_streamed_tool_turn_then_whole_answer_are_captured_exactly(
-    vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Any, continuation: str
+    vllm_server: VLLMServer,
+    proxy_factory: ProxyFactory,
+    tmp_path: Any,
+    continuation: str,
+    stream_interval: int | None,
 ) -> None:
-    proxy, episode_id, _ = start(vllm_server, proxy_factory, tmp_path, continuation)
+    proxy, episode_id, _ = start(
+        vllm_server, proxy_factory, tmp_path, continuation, stream_interval
+    )
     url = f"{proxy.url}/v1/responses"  # the header form of the episode
     headers = {**HEADERS, "X-Episode-Id": episode_id}
     tool = {"type": "function", "name": "count_fruit", "parameters": SCHEMA, "strict": False}
