@@ -46,8 +46,9 @@ histograms read around each slice: its overhead (all but the wait for the engine
 that the planning (stitched: waiting for the two renders) and the completion's commit.
 ``--stream-interval N`` (with ``--engine vllm``): the proxy runs with ``upstream.stream_interval``
 N (the engine batches N tokens into each streamed chunk), and the engine is also asked directly,
-with the capture fields and the same ``stream_interval``: the proxy's streams against direct ones
-in the same chunking, and against plain direct (one token a chunk, as a harness asks).
+with the capture fields and the same ``stream_interval``, and a second proxy without the setting
+streams too: the proxy's streams against direct ones in the same chunking, against plain direct
+(one token a chunk, as a harness asks), and against the same proxy's without the setting.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.

@@ -54,6 +54,7 @@ def vllm_bodies(tokens: int) -> dict[str, bytes]:
 
 #: Targets measured in turn: (name, where it is sent, the body's form).
 Targets = tuple[tuple[str, str, str], ...]
+
 #: The real-engine mode's targets, measured in this order every round: (name, where it is sent:
 #: ``engine``, ``proxy`` or ``relay``, body). The proxy is sent the harness's request; it adds
 #: the fields itself.
@@ -318,7 +319,8 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         serve = [*pinned, sys.executable, "-m", "capture_proxy.cli", "serve"]
         serve += ["--log-level", "warning"]
         argv = [*serve, "--port", str(proxy_port), "--upstream", server.base_url]
-        argv += ["--db", store_url(args.store, tmp)]
+        db = store_url(args.store, tmp)
+        argv += ["--db", db]
         env = dict(os.environ)
         if args.sqlite_synchronous:
             env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
@@ -341,7 +343,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "proxy": Target(proxy_port, paths, b"", pid, agent),
             }
             if args.stream_interval:
-                ports["plain"] = _plain_proxy(stack, serve, server.base_url, env, args.store, tmp)
+                ports["plain"] = _plain_proxy(stack, serve, server.base_url, env, db, tmp)
                 measure(ports["plain"].port, ports["plain"].paths, bodies["stream"], 2, 3, None)
             if args.relay:
                 relay_port, relay_pid = stack.enter_context(nginx_relay(server.port, pinned))
@@ -364,15 +366,16 @@ def _plain_proxy(
     serve: list[str],
     upstream: str,
     env: dict[str, str],
-    store: str,
+    db: str,
     tmp: Path,
 ) -> Target:
     """``--stream-interval``: a second proxy as the first (``env``) but without the setting,
-    with a store of its own (on PostgreSQL the same database: several proxies share one),
-    started on ``stack``."""
+    started on ``stack``: on SQLite with a file of its own, on PostgreSQL in the first one's
+    database ``db`` (several proxies share one)."""
     port, own = free_port(), tmp / "plain"
     own.mkdir(exist_ok=True)
-    argv = [*serve, "--port", str(port), "--upstream", upstream, "--db", store_url(store, own)]
+    db = store_url("sqlite", own) if db.startswith("sqlite") else db
+    argv = [*serve, "--port", str(port), "--upstream", upstream, "--db", db]
     plain = {k: v for k, v in env.items() if k != "CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"}
     url = f"http://127.0.0.1:{port}"
     pid = stack.enter_context(process(argv, f"{url}/health", plain))
