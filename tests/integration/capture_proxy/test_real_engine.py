@@ -266,7 +266,7 @@ async def test_a_stream_interval_sends_fewer_chunks_and_records_every_token(
         tool = await client.post(f"{base_url}/chat/completions", json=forcing)
         assert free.status_code == tool.status_code == 200, (free.text, tool.text)
         recorded = await _calls(client, episode_id)
-    # 24 tokens, 4 to a chunk: 6 chunks of text and the role's first chunk (one a token: 25)
+    # 24 tokens, 4 to a chunk: 6 chunks of text and the first (one token a chunk: 21 here)
     text_chunks = _stream_chunks(free.text)
     assert len(text_chunks) <= 8, len(text_chunks)
     direct = _direct(
