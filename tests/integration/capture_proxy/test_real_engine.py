@@ -54,6 +54,11 @@ def _f32(values: list[float]) -> list[float]:
     return np.asarray(values, dtype=np.float32).astype(np.float64).tolist()  # type: ignore[no-any-return]
 
 
+def _stream_chunks(text: str) -> list[dict[str, Any]]:
+    """The JSON chunks of an SSE answer (not its ``[DONE]``)."""
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
 async def _new_episode(client: httpx.AsyncClient) -> tuple[str, str]:
     created = (await client.post("/episodes", json={"group_id": "real"})).json()
     return created["episode_id"], created["base_url"]
@@ -83,11 +88,7 @@ async def test_chat_capture_equals_engine(
         assert response.status_code == 200, response.text
         if stream:
             assert response.text.rstrip().endswith("data: [DONE]")
-            chunks = [
-                json.loads(line[6:])
-                for line in response.text.splitlines()
-                if line.startswith("data: {")
-            ]
+            chunks = _stream_chunks(response.text)
             assert all("token_ids" not in c for ch in chunks for c in ch["choices"])
         else:
             assert "prompt_token_ids" not in response.json()
@@ -210,11 +211,7 @@ async def test_streamed_tool_call_is_passed_through(
         episode_id, base_url = await _new_episode(client)
         response = await client.post(f"{base_url}/chat/completions", json=request)
         assert response.status_code == 200, response.text
-        deltas = [
-            json.loads(line[6:])["choices"]
-            for line in response.text.splitlines()
-            if line.startswith("data: {")
-        ]
+        deltas = [chunk["choices"] for chunk in _stream_chunks(response.text)]
         names = [
             tc["function"].get("name")
             for choices in deltas
@@ -226,10 +223,6 @@ async def test_streamed_tool_call_is_passed_through(
     assert call["status"] == "completed"
     assert call["finish_reason"] == "tool_calls"
     assert len(call["completion_token_ids"]) == len(call["completion_logprobs"]) > 0
-
-
-def _stream_chunks(text: str) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
 
 
 async def test_a_stream_interval_sends_fewer_chunks_and_records_every_token(
