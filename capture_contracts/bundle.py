@@ -73,7 +73,8 @@ class ContinuationRecord:
     rendered fresh, and ``base_call_id`` names the call it extends at message level, if any.
     ``messages``, ``prefix_hash`` and ``tools_hash`` let later calls of the agent find this one;
     ``base_len`` and ``suffix_len`` size a stitched prompt's two parts; ``renders`` is how many
-    of the engine's renders the stitch took (1: the full render alone, 2: with the head render),
+    of the engine's renders the stitch took (0: rendered in the proxy, 1: the full render alone,
+    2: with the head render),
     and ``render_len`` / ``render_digest`` (a stitched call: its prompt is not the engine's
     render of its request) name that render, which the next call's render must begin with for
     it to take one. ``prefilled``: the request did not end at a generation prompt

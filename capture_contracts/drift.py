@@ -46,7 +46,8 @@ def render_counts(records: Iterable[ContinuationRecord]) -> tuple[int, Counter[s
 
 def drift_report(calls: Iterable[CallDrift]) -> dict[str, Any]:
     """Per episode: stitched vs fresh renders and why (and of the stitched, how many took one of
-    the engine's renders); how many continuations stayed token prefixes.
+    the engine's renders, and how many none: rendered in the proxy); how many continuations
+    stayed token prefixes.
 
     A *continuation* is a completed chat call whose messages extend a recorded call of its agent;
     it is a *token prefix* when that call's prompt + completion is a prefix of its prompt.
@@ -68,6 +69,8 @@ def drift_report(calls: Iterable[CallDrift]) -> dict[str, Any]:
         "stitched": stitched,
         # (stitched on the engine's full render alone: capture_proxy/stitch.py)
         "stitched_on_one_render": sum(1 for r in records if r.stitched and r.renders == 1),
+        # (rendered in the proxy, no render of the engine's: capture_proxy/chat_template.py)
+        "stitched_rendered_here": sum(1 for r in records if r.stitched and r.renders == 0),
         "fresh": dict(sorted(fresh.items())),
         "continuations": len(continued),
         "token_prefix_continuations": sum(1 for c in continued if c.token_prefix),

@@ -27,8 +27,9 @@ from typing import Any
 
 from capture_contracts.bundle import ContinuationRecord
 from capture_contracts.vocabulary import Endpoint, FallbackReason
+from capture_proxy.chat_template import ChatTemplate
 from capture_proxy.message_chain import chain, chain_next, tools_hash
-from capture_proxy.render_shapes import RenderShapes
+from capture_proxy.render_shapes import LocalShapes, RenderShapes
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import (
     Extends,
@@ -40,6 +41,7 @@ from capture_proxy.stitch import (
     Stitched,
     head_shape,
     reply_message,
+    stitch_here,
     stitch_on_render,
     stitch_prompt,
 )
@@ -164,6 +166,9 @@ class Continuations:
         self._max_agents = settings.continuation_cache_agents
         self._warned_ids_ignored = False
         self.shapes = RenderShapes()  # per head shape: one render or two (learned)
+        found = settings.continuation_template_dir
+        self.template = None if found is None else ChatTemplate.load(found, self.end_of_turn)
+        self.local_shapes = LocalShapes()  # per head shape: rendered here or by the engine
 
     async def _catch_up(self, key: tuple[str, str | None], priors: Priors) -> None:
         """Add the agent's calls completed elsewhere since the last look (this process's own
@@ -293,8 +298,8 @@ class Continuations:
             base_len=stitched.base_len,
             suffix_len=len(stitched.trailer) + len(stitched.suffix),
             renders=renders,
-            render_len=None if prefilled else own.length,
-            render_digest=None if prefilled else own.digest,
+            render_len=None if prefilled or own is None else own.length,
+            render_digest=None if prefilled or own is None else own.digest,
         )
         forwarded = body.get("kv_transfer_params")
         forwarded = forwarded if isinstance(forwarded, dict) else {}
@@ -324,8 +329,43 @@ class Continuations:
 
     async def _stitch(
         self, body: dict[str, Any], choice: Extends
+    ) -> tuple[Stitched, int, OwnRender | None] | FallbackReason:
+        """The stitched ids, the number of the engine's renders they took (0: rendered here)
+        and the full render's mark (None: rendered here, no mark).
+
+        With the model's chat template at hand (``continuation_template_dir``), a head shape
+        whose render here has agreed with the engine's is rendered here alone: no request to
+        the engine but the call itself. A shape not seen yet (and every
+        :data:`~capture_proxy.render_shapes.RECHECK_EVERY`-th of one that agreed) is rendered
+        by both, and the engine's ids are used and compared (:class:`LocalShapes`).
+        """
+        base = choice.base
+        shape = head_shape(body, base.messages, self.end_of_turn)
+        here: list[int] | None = None
+        learning = False
+        if self.template is not None and shape is not None:
+            alone, learning = self.local_shapes.renders(shape, True)
+            if alone or learning:
+                here = self.template.continuation_ids(body, base.messages)
+            if alone and here is not None:
+                prompt, completion = await self.store.call_tokens(base.call_id)
+                eot = self.template.end_of_turn_id
+                return stitch_here(prompt, completion, eot, here), 0, None
+        outcome = await self._stitch_on_engine(body, base, shape)
+        if learning and here is not None and shape is not None and self.template is not None:
+            if isinstance(outcome, tuple):
+                stitched = outcome[0]
+                same_eot = self._eot_id == self.template.end_of_turn_id
+                agrees = same_eot and stitched.prompt_ids[stitched.base_len :] == here
+                self.local_shapes.learn(shape, agrees)
+            elif outcome == "template_not_prefix_stable":
+                self.local_shapes.learn(shape, False)
+        return outcome
+
+    async def _stitch_on_engine(
+        self, body: dict[str, Any], base: PriorCall, shape: str | None
     ) -> tuple[Stitched, int, OwnRender] | FallbackReason:
-        """The stitched ids, the number of renders they took and the full render's mark.
+        """:meth:`_stitch` on the engine's renders.
 
         The renders and the base call's tokens are asked for at once: under load the engine's
         API server queues each request behind the streams it serves, so one wait instead of
@@ -334,8 +374,6 @@ class Continuations:
         the base's own render is known), only the full render is asked for; should the full
         render not begin with the base's own, the head render follows.
         """
-        base = choice.base
-        shape = head_shape(body, base.messages, self.end_of_turn)
         base_render_known = base.rendered_prompt or base.render is not None
         one, learning = self.shapes.renders(shape, base_render_known)
         whole = {k: v for k, v in body.items() if k not in _STREAM_ONLY}

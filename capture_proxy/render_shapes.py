@@ -1,4 +1,6 @@
-"""What stitching learns of the chat template: per head shape, whether one render is enough.
+"""What stitching learns of the chat template, per head shape: whether one render is enough
+(:class:`RenderShapes`), and whether the proxy's own render gives the engine's ids
+(:class:`LocalShapes`).
 
 A stitched call needs the point where the appended messages begin in the engine's render of the
 whole request. Two renders give it for any template (the whole request's, and the head's: the
@@ -15,7 +17,8 @@ names the request's part in, and that is learned here, never assumed:
   undo it, nor does the bound (:data:`MAX_SHAPES`; past it, the agreements are dropped and
   learned again). A shape that was right and is found wrong on a recheck is logged as a warning.
 
-Pure and per process: no I/O; :class:`~capture_proxy.continuation.Continuations` keeps one.
+Pure and per process: no I/O; :class:`~capture_proxy.continuation.Continuations` keeps one of
+each.
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ class RenderShapes:
     many of its stitches took one render since it was last checked."""
 
     __slots__ = ("_max_shapes", "_one_render", "_recheck_every", "_unchecked")
+
+    _FOUND_WRONG = (
+        "a recheck found the one-render cut wrong for a head shape it had been right for: the"
+        " chat template renders these replies by more than their shape. Calls of this shape"
+        " take both renders from now on (up to %d stitched since the last check may have been"
+        " cut otherwise; shape %s)"
+    )
+    _DISAGREES = (
+        "the chat template renders an assistant message differently when it is not the last"
+        " one: calls of this shape keep the head render (shape %s)"
+    )
 
     def __init__(self, max_shapes: int = MAX_SHAPES, recheck_every: int = RECHECK_EVERY) -> None:
         self._max_shapes = max_shapes
@@ -80,17 +94,27 @@ class RenderShapes:
         self._one_render[shape] = agrees
         self._unchecked[shape] = 0
         if was and not agrees:
-            log.warning(
-                "a recheck found the one-render cut wrong for a head shape it had been right"
-                " for: the chat template renders these replies by more than their shape. Calls"
-                " of this shape take both renders from now on (up to %d stitched since the"
-                " last check may have been cut otherwise; shape %s)",
-                self._recheck_every - 1,
-                shape,
-            )
+            log.warning(self._FOUND_WRONG, self._recheck_every - 1, shape)
         elif not agrees:
-            log.info(
-                "the chat template renders an assistant message differently when it is not the"
-                " last one: calls of this shape keep the head render (shape %s)",
-                shape,
-            )
+            log.info(self._DISAGREES, shape)
+
+
+class LocalShapes(RenderShapes):
+    """Per head shape: whether the proxy's own render (:mod:`capture_proxy.chat_template`) gave
+    the ids of the engine's renders — learned as :class:`RenderShapes` learns the one-render
+    cut: a shape not seen yet is rendered by both and compared; one that agreed is rendered here
+    alone, but for every :data:`RECHECK_EVERY`-th stitch, which is compared again; a
+    disagreement sticks. ``renders(shape, True)`` answers ``(here, learning)``."""
+
+    __slots__ = ()
+
+    _FOUND_WRONG = (
+        "a recheck found the proxy's render of the chat template different from the engine's"
+        " for a head shape it had agreed on: calls of this shape are rendered by the engine"
+        " from now on (up to %d stitched since the last check were rendered here; shape %s)"
+    )
+    _DISAGREES = (
+        "the proxy's render of the chat template differs from the engine's (another template"
+        " or tokenizer on the server, or a template reading more than the proxy replicates):"
+        " calls of this shape are rendered by the engine (shape %s)"
+    )

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -320,6 +321,14 @@ class Settings(BaseSettings):
     )
     end_of_turn_token: str = Field(
         "<|im_end|>", description="The chat template's end-of-turn token (stitching)."
+    )
+    continuation_template_dir: Path | None = Field(
+        None,
+        description="The served model's directory (`tokenizer.json`, and the chat template in"
+        " `chat_template.jinja` or `tokenizer_config.json`): stitched calls are then rendered in"
+        " the proxy instead of by the engine's render route, once a stitch of the same head"
+        " shape has shown both renders give the same ids (rechecked every 32nd; needs the"
+        " `render` extra: jinja2, tokenizers). Unset: the engine renders every stitched call.",
     )
 
     @property

@@ -274,8 +274,20 @@ def stitch_on_render(
         cut = full_ids.index(end_of_turn_id, own_len)
     except ValueError:
         return None
+    return stitch_here(prompt_ids, completion_ids, end_of_turn_id, full_ids[cut + 1 :])
+
+
+def stitch_here(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    end_of_turn_id: int,
+    after_reply: Sequence[int],
+) -> Stitched:
+    """Base prompt + completion (+ end-of-turn) + ``after_reply``: the template's ids after the
+    end-of-turn token that ends the returned message (the trailer, reported as part of the
+    suffix, the appended messages and the generation prompt)."""
     base = _base(prompt_ids, completion_ids, end_of_turn_id)
-    suffix = list(full_ids[cut + 1 :])
+    suffix = list(after_reply)
     return Stitched([*base, *suffix], len(base), [], suffix)
 
 

