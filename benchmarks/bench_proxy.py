@@ -8,6 +8,7 @@
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
                                      [--tokens 32] [--relay] [--stream-interval N]
+                                     [--render-here]
 
 Starts the instant stub engine (benchmarks/loadkit.py: vLLM-shaped answers with token ids and
 logprobs, 20-chunk streams) and ``capture-proxy serve`` in front of it, each its own process, then
@@ -49,6 +50,10 @@ N (the engine batches N tokens into each streamed chunk), and the engine is also
 with the capture fields and the same ``stream_interval``, and a second proxy without the setting
 streams too: the proxy's streams against direct ones in the same chunking, against plain direct
 (one token a chunk, as a harness asks), and against the same proxy's without the setting.
+``--render-here`` (with ``--continued``): the proxy renders stitched calls from the model's
+chat template (``continuation_template_dir``: after the first stitch of the head shape, no
+render request to the engine), and a second proxy whose engine renders them takes the same
+second turns: the two side by side, interleaved.
 ``--engine-core K``: the engine alone on core K (its OpenMP worker one thread there), the proxy
 and the load on the other cores — a sidecar with CPU of its own, as beside a GPU engine: the
 ratio then tells the proxy's own cost (latency, round trips) apart from the competition for CPU.
@@ -322,7 +327,15 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
     parser.add_argument("--continuation", default="stitch")
     parser.add_argument(
-        "--continued", action="store_true", help="--engine vllm: also an agent's second turn"
+        "--continued",
+        action="store_true",
+        help="--engine vllm: also an agent's second turn",
+    )
+    parser.add_argument(
+        "--render-here",
+        action="store_true",
+        help="--continued: the proxy renders stitched calls (continuation_template_dir), against"
+        " a second proxy whose engine renders them",
     )
     parser.add_argument("--sqlite-synchronous", choices=["FULL", "NORMAL"], default=None)
     parser.add_argument("--peer", action="store_true", help="also measure agl-server 1.0.2")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -87,6 +88,15 @@ _INTERVAL_TARGETS = (
 )
 
 
+#: ``--render-here`` (with ``--continued``): the proxy renders stitched calls itself
+#: (``continuation_template_dir``); a second proxy without the setting has the engine render
+#: them: the second turn through each.
+_RENDER_TARGETS = (
+    ("continued_engine_render", "engine_render", "continued"),
+    ("continued_stream_engine_render", "engine_render", "continued_stream"),
+)
+
+
 #: ``--relay``: the engine asked for the capture fields through nginx, which records nothing
 #: (benchmarks/relay_nginx.py): what any proxy's hop alone leaves of direct + fields.
 _RELAY_TARGETS = (
@@ -121,6 +131,11 @@ def _ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             ("ratio_stream_interval", "stream", "direct_stream_fields_interval"),
             ("ratio_interval_fields_direct", "direct_stream_fields_interval", "direct_stream"),
             ("ratio_interval_plain", "stream", "stream_plain"),
+        )
+    if "continued_engine_render" in runs:
+        ratios += (
+            ("ratio_render_here", "continued", "continued_engine_render"),
+            ("ratio_render_here_stream", "continued_stream", "continued_stream_engine_render"),
         )
     if "relay_fields" in runs:
         ratios += (
@@ -216,13 +231,28 @@ def continued_bodies(
 
 
 def _stitched_calls(proxy_url: str, episodes: Sequence[str]) -> dict[str, int]:
-    """The proxy's continuation report summed over the episodes: stitched calls and the rest."""
-    stitched = fresh = 0
+    """The proxy's continuation report summed over the episodes: stitched calls (and of those,
+    the ones rendered in the proxy) and the rest."""
+    stitched = here = fresh = 0
     for episode in episodes:
         report = httpx.get(f"{proxy_url}/episodes/{episode}", timeout=30).json()["continuation"]
         stitched += report["stitched"]
+        here += report["stitched_rendered_here"]
         fresh += sum(report["fresh"].values())
-    return {"stitched": stitched, "not_stitched": fresh}
+    return {"stitched": stitched, "rendered_here": here, "not_stitched": fresh}
+
+
+def _continuation_reports(ports: dict[str, Target], *, quiet: bool) -> dict[str, Any]:
+    """``--continued``: each proxy's calls, stitched or not, over its episodes (printed)."""
+    out = {}
+    for where, key in (("proxy", "continuation"), ("engine_render", "continuation_engine_render")):
+        if where in ports:
+            target = ports[where]
+            episodes = [path.split("/")[2] for path in target.paths]
+            out[key] = _stitched_calls(f"http://127.0.0.1:{target.port}", episodes)
+            if not quiet:
+                print(f"{key}: {out[key]}", flush=True)
+    return out
 
 
 #: The proxy's own histograms read around each slice through it (``--engine vllm``).
@@ -258,6 +288,10 @@ def _proxy_ms(clocks: Sequence[tuple[dict[str, float], dict[str, float]]]) -> di
     return means
 
 
+#: The ``ports`` that are proxies (their own histograms are read around each slice).
+_PROXIES = frozenset({"proxy", "plain", "engine_render"})
+
+
 def _engine_level(
     args: argparse.Namespace,
     c: int,
@@ -267,15 +301,15 @@ def _engine_level(
 ) -> dict[str, Any]:
     """``--rounds`` interleaved rounds of every target at concurrency ``c``, each sent where
     ``ports`` says; for the proxied ones, where a call's time in the proxy went too."""
-    proxy_url = f"http://127.0.0.1:{ports['proxy'].port}"
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in targets}
     clocks: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
     for _ in range(args.rounds):
         for name, where, form in targets:
             t = ports[where]
-            before = _proxy_clock(proxy_url) if where == "proxy" else None
+            proxy_url = f"http://127.0.0.1:{t.port}" if where in _PROXIES else None
+            before = _proxy_clock(proxy_url) if proxy_url else None
             run = measure_slice(t.port, t.paths, bodies[form], c, args.duration, t.pid, t.headers)
-            if before is not None:
+            if proxy_url and before is not None:
                 clocks.setdefault(name, []).append((before, _proxy_clock(proxy_url)))
             runs[name].append(run)
     level = _ratios(runs)
@@ -289,6 +323,7 @@ def _targets(args: argparse.Namespace) -> tuple[Targets, dict[str, bytes]]:
     bodies = vllm_bodies(args.tokens)
     targets = _VLLM_TARGETS + (_INTERVAL_TARGETS if args.stream_interval else ())
     targets += _CONTINUED_TARGETS if args.continued else ()
+    targets += _RENDER_TARGETS if args.continued and args.render_here else ()
     targets += _RELAY_TARGETS if args.relay else ()
     if args.stream_interval:
         streamed = json.loads(bodies["stream+fields"])
@@ -322,11 +357,7 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         db = store_url(args.store, tmp)
         argv += ["--db", db]
         env = dict(os.environ)
-        if args.sqlite_synchronous:
-            env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
-        if args.stream_interval:
-            env["CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"] = str(args.stream_interval)
-            report["stream_interval"] = args.stream_interval
+        env |= _settings_env(args, server.model_dir, report)
         proxy_url = f"http://127.0.0.1:{proxy_port}"
         with process(argv, f"{proxy_url}/health", env) as pid:
             episodes = new_episodes(proxy_url, 16)
@@ -342,9 +373,13 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "engine": Target(server.port, chat, b""),
                 "proxy": Target(proxy_port, paths, b"", pid, agent),
             }
+            second = functools.partial(_second_proxy, stack, serve, server.base_url, env, db, tmp)
             if args.stream_interval:
-                ports["plain"] = _plain_proxy(stack, serve, server.base_url, env, db, tmp)
+                ports["plain"] = second(_INTERVAL)
                 measure(ports["plain"].port, ports["plain"].paths, bodies["stream"], 2, 3, None)
+            if args.continued and args.render_here:
+                other = ports["engine_render"] = second(_TEMPLATE_DIR)
+                continued_bodies(other.port, other.pid, other.paths, agent, bodies["chat"])
             if args.relay:
                 relay_port, relay_pid = stack.enter_context(nginx_relay(server.port, pinned))
                 relayed(relay_port, bodies["chat+fields"])
@@ -355,28 +390,47 @@ def real_engine(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 if not args.json:
                     _print_vllm_level(args.model, c, level)
             if args.continued:
-                report["continuation"] = _stitched_calls(proxy_url, episodes)
-                if not args.json:
-                    print(f"continuation: {report['continuation']}", flush=True)
+                report |= _continuation_reports(ports, quiet=args.json)
     return report
 
 
-def _plain_proxy(
+_INTERVAL = "CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"
+_TEMPLATE_DIR = "CAPTURE_PROXY_CONTINUATION_TEMPLATE_DIR"
+
+
+def _settings_env(
+    args: argparse.Namespace, model_dir: Path, report: dict[str, Any]
+) -> dict[str, str]:
+    """The proxy's settings the options ask for (noted in ``report``), as variables."""
+    env = {}
+    if args.sqlite_synchronous:
+        env["CAPTURE_PROXY_STORE__SQLITE_SYNCHRONOUS"] = args.sqlite_synchronous
+    if args.stream_interval:
+        env[_INTERVAL] = str(args.stream_interval)
+        report["stream_interval"] = args.stream_interval
+    if args.render_here:
+        env[_TEMPLATE_DIR] = str(model_dir)
+        report["render_here"] = True
+    return env
+
+
+def _second_proxy(
     stack: contextlib.ExitStack,
     serve: list[str],
     upstream: str,
     env: dict[str, str],
     db: str,
     tmp: Path,
+    without: str,
 ) -> Target:
-    """``--stream-interval``: a second proxy as the first (``env``) but without the setting,
-    started on ``stack``: on SQLite with a file of its own, on PostgreSQL in the first one's
-    database ``db`` (several proxies share one)."""
-    port, own = free_port(), tmp / "plain"
+    """``--stream-interval``, ``--render-here``: a second proxy as the first (``env``) but
+    without the setting ``without`` (a variable), started on ``stack``: on SQLite with a file
+    of its own, on PostgreSQL in the first one's database ``db`` (several proxies share one)."""
+    port, own = free_port(), tmp / without.lower()
     own.mkdir(exist_ok=True)
     db = store_url("sqlite", own) if db.startswith("sqlite") else db
     argv = [*serve, "--port", str(port), "--upstream", upstream, "--db", db]
-    plain = {k: v for k, v in env.items() if k != "CAPTURE_PROXY_UPSTREAM__STREAM_INTERVAL"}
+    plain = {k: v for k, v in env.items() if k != without}
     url = f"http://127.0.0.1:{port}"
     pid = stack.enter_context(process(argv, f"{url}/health", plain))
     paths = [f"/episodes/{e}/v1/chat/completions" for e in new_episodes(url, 16)]
@@ -396,6 +450,7 @@ def _print_proxy_ms(kind: str, target: dict[str, Any]) -> None:
 
 def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
     every = _VLLM_TARGETS + _INTERVAL_TARGETS + _CONTINUED_TARGETS + _RELAY_TARGETS
+    every += _RENDER_TARGETS
     errors = sum(level[name]["errors"] for name, *_ in every if name in level)
     for kind, direct, fields, proxy, suffix in (
         ("whole ", "direct", "direct_fields", "proxy", ""),
@@ -447,7 +502,10 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             f"{level['ratio_interval_plain']:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
             flush=True,
         )
-    for kind, name in (("whole ", "continued"), ("stream", "continued_stream")):
+    for kind, name, suffix in (
+        ("whole ", "continued", ""),
+        ("stream", "continued_stream", "_stream"),
+    ):
         if name not in level:
             continue
         d, p, ratio = level[f"direct_{name}"], level[name], f"ratio_{name}_direct"
@@ -460,4 +518,14 @@ def _print_vllm_level(model: str, c: int, level: dict[str, Any]) -> None:
             flush=True,
         )
         _print_proxy_ms(kind, p)
+        if f"{name}_engine_render" in level:
+            e, ratio = level[f"{name}_engine_render"], f"ratio_render_here{suffix}"
+            rounds = level[f"{ratio}_rounds"]
+            print(
+                f"  {kind} a proxy whose engine renders: {e['rps']:.2f} rps p50 "
+                f"{e['p50_ms']:.0f} ms cpu {e['cpu_ms_per_call']:.2f} ms/call | rendered here/"
+                f"there {level[ratio]:.3f} (rounds {min(rounds):.3f}–{max(rounds):.3f})",
+                flush=True,
+            )
+            _print_proxy_ms(kind, e)
     print(f"vllm {model} c={c}: errors {errors}", flush=True)

@@ -63,6 +63,10 @@ def main(argv: list[str]) -> int:
     if refusal is not None:
         print(refusal, file=sys.stderr)
         return 2
+    if settings.continuation_template_dir is not None:  # (its faults in one line, before binding)
+        from capture_proxy.chat_template import ChatTemplate
+
+        ChatTemplate.load(settings.continuation_template_dir, settings.end_of_turn_token)
 
     import uvicorn
 

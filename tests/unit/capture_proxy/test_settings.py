@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import pytest
 
 from capture_proxy.cli import main
@@ -58,6 +60,18 @@ def test_serve_reports_a_settings_error_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("capture-proxy serve: invalid setting: ")
     assert "CAPTURE_PROXY_UPSTREAM__URL" in err[0]
+
+
+def test_serve_refuses_a_template_directory_it_cannot_use_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CAPTURE_PROXY_CONTINUATION_TEMPLATE_DIR", str(tmp_path))
+    assert main(["serve", "--port", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"capture-proxy serve: invalid setting: cannot load the tokenizer in {tmp_path}:"
+        f" [Errno 2] No such file or directory: '{tmp_path / 'tokenizer_config.json'}'"
+    ]
 
 
 def test_unknown_variables_are_warned_about(monkeypatch: pytest.MonkeyPatch) -> None:
