@@ -41,11 +41,14 @@ pytestmark = pytest.mark.vllm
 Run = tuple[EpisodeTrace, dict[str, Any], dict[str, Any]]
 
 
-def _run(vllm: VLLMServer, store: Path, mode: str) -> Iterator[Run]:
+def _run(
+    vllm: VLLMServer, store: Path, mode: str, template_dir: Path | None = None
+) -> Iterator[Run]:
     settings = Settings(
         store=StoreSettings(url=sqlite_url(store)),
         upstream=UpstreamSettings(url=vllm.base_url),
         continuation=mode,
+        continuation_template_dir=template_dir,
     )
     server = ProxyServer(settings, None).start()
 
@@ -68,6 +71,15 @@ def _run(vllm: VLLMServer, store: Path, mode: str) -> Iterator[Run]:
 @pytest.fixture(scope="module")
 def stitched(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     yield from _run(vllm_server, tmp_path_factory.mktemp("stitch") / "c.db", "stitch")
+
+
+@pytest.fixture(scope="module")
+def stitched_here(
+    vllm_server: VLLMServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Run]:
+    """Stitch mode with the model's chat template in the proxy (``continuation_template_dir``)."""
+    where = tmp_path_factory.mktemp("stitch-here") / "c.db"
+    yield from _run(vllm_server, where, "stitch", tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +125,26 @@ def test_continuations_are_stitched(stitched: Run) -> None:
     assert report["stitched_on_one_render"] == renders.count(1)
 
 
+def test_continuations_of_a_known_shape_are_rendered_in_the_proxy(stitched_here: Run) -> None:
+    """With the model's template in the proxy, the stitches are those of the engine's renders
+    (the next test checks their ids against vLLM's own render), and a head shape seen before —
+    its first stitch having compared the proxy's render with the engine's — takes no render of
+    the engine's at all: ``renders`` 0 where the engine-rendered run took its full render alone."""
+    _, bundle, info = stitched_here
+    report = info["continuation"]
+    assert (report["stitched"], report["token_prefix_continuations"]) == (6, 6)
+    assert report["fresh"] == {"compaction_rewrite": 1, "no_previous_call": 3}
+    renders = [c["continuation"].get("renders") for c in bundle["calls"] if c["continuation"]]
+    assert sorted(r for r in renders if r is not None) in ([0, 0, 2, 2, 2, 2], [0, 0, 0, 2, 2, 2])
+    assert report["stitched_rendered_here"] == renders.count(0)
+    assert report["stitched_on_one_render"] == 0
+
+
+@pytest.mark.parametrize("run", ["stitched", "stitched_here"])
 def test_stitched_prompt_is_base_plus_completion_plus_rendered_suffix(
-    stitched: Run, vllm_server: VLLMServer
+    run: str, vllm_server: VLLMServer, request: pytest.FixtureRequest
 ) -> None:
-    trace, bundle, _ = stitched
+    trace, bundle, _ = request.getfixturevalue(run)
     calls = {c["call_id"]: c for c in bundle["calls"]}
     eot = httpx.post(
         f"{vllm_server.base_url}/tokenize",
