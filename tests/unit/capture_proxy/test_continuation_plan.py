@@ -413,7 +413,7 @@ def test_a_head_shape_is_rendered_in_the_proxy_once_it_agreed_with_the_engine(
     template = ChatTemplate.load(tiny_dir, "<|im_end|>")
     engine = _TemplateEngine(template, () if agrees else (7,))
     continuations = Continuations(settings, engine, engine)  # type: ignore[arg-type]
-    continuations.local_shapes = LocalShapes(recheck_every=3)
+    continuations.ids.local_shapes = LocalShapes(recheck_every=3)
     base = PriorCall("call-1", 1, "parent", 1, "p", "r", "", rendered_prompt=True)
 
     def stitch(question: str) -> tuple[Any, int, Any, int]:
