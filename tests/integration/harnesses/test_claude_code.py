@@ -81,13 +81,27 @@ def check_answer(result: dict[str, Any]) -> None:
     assert result["result"] == ANSWER
 
 
-@pytest.mark.parametrize("continuation", ["stitch", "passthrough"])
+@pytest.mark.parametrize(
+    ("continuation", "rendered_here"),
+    [("stitch", False), ("passthrough", False), ("stitch", True)],
+    ids=["stitch", "passthrough", "stitch-rendered-in-the-proxy"],
+)
 def test_parent_only_multi_turn_with_tools(
-    vllm_server: VLLMServer, proxy_factory: ProxyFactory, tmp_path: Path, continuation: str
+    vllm_server: VLLMServer,
+    proxy_factory: ProxyFactory,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    continuation: str,
+    rendered_here: bool,
 ) -> None:
+    """``rendered_here``: the proxy renders the stitched calls of a head shape it has checked
+    against the engine (``continuation_template_dir``), and the episode is captured the same."""
     started = time.monotonic()
     engine = ScriptedEngine(PARENT_ONLY, summary_text=SUMMARY)
-    proxy = start_proxy(engine, vllm_server, proxy_factory, tmp_path, continuation)
+    template = tiny_model_dir if rendered_here else None
+    proxy = start_proxy(
+        engine, vllm_server, proxy_factory, tmp_path, continuation, template_dir=template
+    )
     episode = open_episode(proxy.url, "claude-code-fruit")
     result = run_claude_code(episode.base_url, TASK, tmp_path)
 
