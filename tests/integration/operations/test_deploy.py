@@ -61,7 +61,7 @@ def image_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = getattr(sys, "_base_executable", sys.executable)
     _run(base, "-m", "venv", work / "venv", cwd=work)
     pip = [work / "venv" / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
-    _run(*pip, "install", "-q", wheel, cwd=work)
+    _run(*pip, "install", "-q", f"{wheel}[render]", cwd=work)  # (the Dockerfile's extra)
     return work / "venv" / "bin"
 
 
@@ -110,6 +110,7 @@ def test_image_commands_and_compose_services(
         store_url: empty_postgres,
         "http://vllm:8000": vllm_server.base_url,
         "http://localhost:8100": f"http://127.0.0.1:{port}",
+        "/models/policy": str(vllm_server.model_dir),
     }
     proxy_env = {
         k: here.get(with_defaults(str(v)), with_defaults(str(v)))
