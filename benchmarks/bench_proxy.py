@@ -327,9 +327,7 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=0, help="calls in the memory mode")
     parser.add_argument("--continuation", default="stitch")
     parser.add_argument(
-        "--continued",
-        action="store_true",
-        help="--engine vllm: also an agent's second turn",
+        "--continued", action="store_true", help="--engine vllm: also an agent's second turn"
     )
     parser.add_argument(
         "--render-here",

@@ -309,7 +309,7 @@ def _engine_level(
             proxy_url = f"http://127.0.0.1:{t.port}" if where in _PROXIES else None
             before = _proxy_clock(proxy_url) if proxy_url else None
             run = measure_slice(t.port, t.paths, bodies[form], c, args.duration, t.pid, t.headers)
-            if proxy_url and before is not None:
+            if proxy_url is not None and before is not None:
                 clocks.setdefault(name, []).append((before, _proxy_clock(proxy_url)))
             runs[name].append(run)
     level = _ratios(runs)

@@ -31,7 +31,12 @@ from tests.integration.harnesses.episode import (
     trains_only,
 )
 from tests.integration.harnesses.script import ScriptedEngine, Step, call, say
-from tests.integration.harnesses.test_opencode import END_OF_TURN, check_drift, start_proxy
+from tests.integration.harnesses.test_opencode import (
+    END_OF_TURN,
+    WITH_A_RENDER_HERE,
+    check_drift,
+    start_proxy,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -81,11 +86,7 @@ def check_answer(result: dict[str, Any]) -> None:
     assert result["result"] == ANSWER
 
 
-@pytest.mark.parametrize(
-    ("continuation", "rendered_here"),
-    [("stitch", False), ("passthrough", False), ("stitch", True)],
-    ids=["stitch", "passthrough", "stitch-rendered-in-the-proxy"],
-)
+@WITH_A_RENDER_HERE
 def test_parent_only_multi_turn_with_tools(
     vllm_server: VLLMServer,
     proxy_factory: ProxyFactory,

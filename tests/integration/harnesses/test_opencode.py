@@ -78,6 +78,15 @@ AGENTS = {
 }
 
 
+#: Both continuation modes, and stitching with the chat template rendered in the proxy
+#: (``continuation_template_dir``: ``rendered_here``), for harnesses' parent-only scenarios.
+WITH_A_RENDER_HERE = pytest.mark.parametrize(
+    ("continuation", "rendered_here"),
+    [("stitch", False), ("passthrough", False), ("stitch", True)],
+    ids=["stitch", "passthrough", "stitch-rendered-in-the-proxy"],
+)
+
+
 def start_proxy(
     engine: ScriptedEngine,
     vllm: VLLMServer,
