@@ -2,9 +2,9 @@
 
 ::
 
-    python benchmarks/bench_proxy.py [--store sqlite|postgres] [--concurrency 1,16,64]
-                                     [--duration 5] [--slices 5] [--long N] [--memory N]
-                                     [--peer] [--relay] [--json]
+    python benchmarks/bench_proxy.py [--store sqlite|postgres] [--versus-store postgres|sqlite]
+                                     [--concurrency 1,16,64] [--duration 5] [--slices 5]
+                                     [--long N] [--memory N] [--peer] [--relay] [--json]
     python benchmarks/bench_proxy.py --engine vllm [--concurrency 8] [--duration 20] [--rounds 3]
                                      [--engine-core 0] [--model tiny|small] [--continued]
                                      [--tokens 32] [--relay] [--stream-interval N]
@@ -20,6 +20,8 @@ latency and, for the proxy, CPU per call (the proxy process's user + system time
 it served, the durable commit included) and RSS. ``--long N``: N sequential calls of one agent
 (labelled, then unlabelled), the CPU of its last 400 against calls 10–410 of another agent's
 episode, in alternating slices. ``--memory N``: RSS after 1,000 vs N calls.
+``--versus-store K``: also a second proxy on store K (its own 16 episodes) in front of the same
+stub, whole and streamed in the same turns: its CPU per call and requests/s against the first's.
 ``--peer``: also the Agent Lightning 1.0.2 gateway (benchmarks/peer_agl.py, its own Python 3.12
 venv, in-memory store) in front of the same stub, 16 rollouts round robin, non-streaming only
 (it answers ``"stream": true`` with 400), in the same turns as the proxy's slices; its CPU
@@ -202,9 +204,37 @@ def _others(
     return targets
 
 
+def _versus_store(
+    args: argparse.Namespace, stack: ExitStack, stub_port: int, env: dict[str, str], tmp: Path
+) -> dict[str, Target]:
+    """``--versus-store``: a second proxy in front of the same stub on that store, its own 16
+    episodes, loaded whole and streamed in the same turns as the first."""
+    if not args.versus_store:
+        return {}
+    port = free_port()
+    own = Path(tmp) / "versus"
+    own.mkdir()
+    serve = [sys.executable, "-m", "capture_proxy.cli", "serve", "--log-level", "warning"]
+    serve += ["--port", str(port), "--upstream", f"http://127.0.0.1:{stub_port}"]
+    serve += ["--db", store_url(args.versus_store, own)]
+    pid = stack.enter_context(process(serve, f"http://127.0.0.1:{port}/health", env))
+    episodes = new_episodes(f"http://127.0.0.1:{port}", 16)
+    paths = [f"/episodes/{e}/v1/chat/completions" for e in episodes]
+    agent = [("x-agent-id", "agent")]
+    return {
+        "versus": Target(port, paths, CHAT, pid, agent),
+        "versus_stream": Target(port, paths, STREAM, pid, agent),
+    }
+
+
 def _with_ratios(level: dict[str, Any]) -> dict[str, Any]:
     """One concurrency's measurements and the ratios printed from them."""
     level["ratio_proxy_direct"] = level["proxy"]["rps"] / level["direct"]["rps"]
+    if "versus" in level:  # (the second store against the first, CPU per call and requests/s)
+        for kind in ("", "_stream"):
+            other, first = level[f"versus{kind}"], level[f"proxy{kind}"]
+            level[f"ratio_versus_cpu{kind}"] = other["cpu_ms_per_call"] / first["cpu_ms_per_call"]
+            level[f"ratio_versus_rps{kind}"] = other["rps"] / first["rps"]
     if "peer" in level:
         level["ratio_proxy_peer_rps"] = level["proxy"]["rps"] / level["peer"]["rps"]
         level["ratio_proxy_peer_cpu"] = (
@@ -220,7 +250,7 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
     """The proxy (and the peer, the relay) in front of the instant stub engine, at each
     concurrency."""
     levels = [int(c) for c in args.concurrency.split(",")]
-    report: dict[str, Any] = {"store": args.store, "levels": {}}
+    report: dict[str, Any] = {"store": args.store, "versus_store": args.versus_store, "levels": {}}
     with tempfile.TemporaryDirectory() as tmp:
         store = store_url(args.store, Path(tmp))
         stub_port, proxy_port = free_port(), free_port()
@@ -261,6 +291,7 @@ def stub_engine(args: argparse.Namespace) -> dict[str, Any]:
                 "proxy": Target(proxy_port, paths, CHAT, proxy_pid, agent),
                 "proxy_stream": Target(proxy_port, paths, STREAM, proxy_pid, agent),
             }
+            targets |= _versus_store(args, stack, stub_port, env, Path(tmp))
             targets |= _others(args, stack, stub_port, report)
             for c in levels:
                 level = _with_ratios(interleaved(targets, c, args.duration, args.slices))
@@ -315,6 +346,12 @@ def main() -> None:
         help="the stub's gap between streamed chunks (0: the whole stream in one write)",
     )
     parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--versus-store",
+        choices=["sqlite", "postgres"],
+        default=None,
+        help="stub: also a second proxy on this store, in the same turns (ratios against --store)",
+    )
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument(
@@ -342,6 +379,10 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.versus_store and args.engine != "stub":
+        parser.error("--versus-store is measured in front of the stub engine (--engine stub)")
+    if args.versus_store and args.versus_store == args.store:
+        parser.error(f"--versus-store {args.versus_store} is --store already")
     if args.engine == "vllm":
         with tempfile.TemporaryDirectory() as tmp:
             report = real_engine(args, Path(tmp))
@@ -372,6 +413,16 @@ def _print_level(c: int, level: dict[str, Any]) -> None:
             f"cpu {g['cpu_ms_per_call']:5.2f} ms/call | rss {g['rss_mb']:.0f} MB "
             f"errors {g['errors']} statuses {g['statuses']} | proxy/peer rps "
             f"{level['ratio_proxy_peer_rps']:.2f} cpu {level['ratio_proxy_peer_cpu']:.2f}"
+        )
+    if "versus" in level:
+        v, w = level["versus"], level["versus_stream"]
+        print(
+            f"      other store {v['rps']:6.0f} rps p50 {v['p50_ms']:6.2f} p99 {v['p99_ms']:7.2f} "
+            f"cpu {v['cpu_ms_per_call']:5.2f} ms/call | stream {w['rps']:6.0f} rps "
+            f"cpu {w['cpu_ms_per_call']:5.2f} ms/call | errors {v['errors'] + w['errors']} | "
+            f"other/first cpu {level['ratio_versus_cpu']:.2f} (stream "
+            f"{level['ratio_versus_cpu_stream']:.2f}) rps {level['ratio_versus_rps']:.2f} "
+            f"(stream {level['ratio_versus_rps_stream']:.2f})"
         )
     if "relay" in level:
         r = level["relay"]
