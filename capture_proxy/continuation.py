@@ -133,7 +133,6 @@ class Continuations:
 
     def __init__(self, settings: Settings, store: Store, upstream: Upstream) -> None:
         self.mode = settings.continuation
-        self.end_of_turn = settings.end_of_turn_token
         self.store = store
         self.upstream = upstream
         self.ids = StitchIds(settings, store, upstream)  # the engine's renders, or the proxy's
